@@ -1,0 +1,1433 @@
+"""GRPO on GSM8K: train an instruct LLM (Qwen2.5-1.5B-Instruct) to solve grade-school math, on one CUDA GPU.
+
+For every batch of prompts the policy samples a group of completions per prompt, each completion is rewarded
+1 when its final number matches the gold answer, rewards are normalized within the group into advantages, and
+the policy takes a PPO-style clipped step on its own samples. No value network, no reward model.
+
+Method choices (each a flag; the defaults are the GRPO paper's unless noted):
+- Advantages: (r - group mean) / (group std + eps), std unbiased; a group whose rewards are all equal gets
+  exactly 0. `--advantage drgrpo` drops the std division (Dr. GRPO).
+- Loss reduction: mean over each completion's tokens, then over completions (`--loss-agg seq-mean`);
+  `token-mean` (DAPO) and `drgrpo` (sum / max-new-tokens) are flags.
+- Masking: a completion's tokens up to and including its first EOS count; everything after is masked by
+  position, never by token value (Qwen's pad token is one of its EOS tokens). Completions cut at
+  `--max-new-tokens` are counted, and `--mask-truncated` drops them from the loss.
+- Sampling: exactly the distribution the loss assumes: softmax(logits / temperature) with temperature 1.0,
+  no top-k, top-p or repetition penalty, whatever the model's generation_config says. Log-probs are recomputed
+  with the same left padding, attention mask, positions and temperature.
+- Old policy: with one PPO epoch (the default) the old log-probs are the current ones detached, so the first
+  ratio is exactly 1 and no extra forward pass is spent. `--ppo-epochs N` computes them once up front.
+- Precision: bf16 weights on CUDA, updated by AdamW whose step is computed in fp32 and written back with
+  stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 on CPU. Log-softmax is taken in fp32
+  over chunks of completion positions only, never over a full (sequences x positions x vocab) tensor.
+- Memory: gradient checkpointing on CUDA, update micro-batches with exact gradient accumulation, KV cache
+  in generation.
+
+Run:
+    python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2 min)
+    python grpo_homework.py MODEL_PATH                 # the homework run (GSM8K in ./gsm8k, 24 GB GPU)
+    python grpo_homework.py MODEL_PATH --help          # every flag with its default
+    python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
+    python grpo_homework.py --resume RUN_DIR           # continue a run from its last checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configuration: every hyperparameter is declared once, here; the command line is generated from it.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
+    return field(default=default, metadata={"help": doc, **argparse_kwargs})
+
+
+@dataclass
+class Config:
+    model_path: str = _flag("", "model directory or hub id (Qwen2.5-1.5B-Instruct for the homework)")
+    # data
+    task: str = _flag("gsm8k", "gsm8k, or countdown (numbers game with <answer> tags)", choices=["gsm8k", "countdown"])
+    dataset: str = _flag("./gsm8k", "local hub-layout folder or hub id; for countdown '' generates problems")
+    train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
+    eval_size: int = _flag(200, "test problems for the greedy accuracy before and after training (0 = all)")
+    prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
+                              choices=["chat", "plain"])
+    max_prompt_length: int = _flag(512, "prompts longer than this many tokens are dropped, with a warning")
+    # rollout
+    batch_size: int = _flag(2, "prompts per step")
+    group_size: int = _flag(8, "completions sampled per prompt (the G of GRPO)")
+    max_new_tokens: int = _flag(512, "completion length limit")
+    temperature: float = _flag(1.0, "sampling temperature; log-probs divide logits by the same value")
+    generation_batch_size: int = _flag(16, "sequences per generate call (halved automatically on CUDA OOM)")
+    eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
+    # objective
+    advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
+    advantage_eps: float = _flag(1e-4, "added to the group std before dividing")
+    loss_agg: str = _flag("seq-mean", "seq-mean (GRPO), token-mean (DAPO) or drgrpo (sum / max-new-tokens)",
+                          choices=["seq-mean", "token-mean", "drgrpo"])
+    clip_eps: float = _flag(0.2, "PPO clip range below 1 (and above, unless --clip-eps-high)")
+    clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); negative = --clip-eps")
+    kl_coef: float = _flag(0.0, "weight of the k3 KL to a frozen copy of the starting model (0 = no reference)")
+    ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
+    format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
+    mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
+    # optimization
+    learning_rate: float = _flag(1e-6, "AdamW learning rate")
+    lr_warmup_steps: int = _flag(10, "linear learning-rate warm-up, then constant")
+    weight_decay: float = _flag(0.0, "AdamW decoupled weight decay")
+    max_grad_norm: float = _flag(1.0, "gradient clipping norm")
+    num_epochs: int = _flag(1, "passes over the training problems")
+    max_steps: int = _flag(200, "stop after this many steps (0 = no limit)")
+    micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate)")
+    logprob_chunk_size: int = _flag(1024, "completion tokens per chunk of the LM head + log-softmax")
+    gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
+                                        choices=["auto", "on", "off"])
+    dtype: str = _flag("auto", "weights: auto = bfloat16 on CUDA, float32 on CPU",
+                       choices=["auto", "bfloat16", "float32"])
+    # run
+    seed: int = _flag(0, "seed for data order, sampling and the demo")
+    device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
+    output_dir: str = _flag("runs/grpo", "where metrics, plots, checkpoints and final/ are written")
+    save_every: int = _flag(0, "checkpoint every N steps (0 = only on interrupt)")
+    plot_every: int = _flag(10, "redraw plots every N steps")
+    show_examples: int = _flag(5, "problems printed with their answers before and after")
+
+
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
+
+
+def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
+    """The CLI, one flag per Config field; defaults=False leaves out every default (to see what was typed)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     argument_default=None if defaults else argparse.SUPPRESS)
+    for f in dataclasses.fields(Config):
+        kwargs = {k: v for k, v in f.metadata.items()}
+        if f.name == "model_path":
+            parser.add_argument("model_path", nargs="?", help=kwargs["help"],
+                                **({"default": f.default} if defaults else {}))
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = type(f.default)
+        parser.add_argument(flag, **kwargs, **({"default": f.default} if defaults else {}))
+    parser.add_argument("--demo", action="store_true", help="build a tiny model and task and run GRPO on CPU")
+    parser.add_argument("--report", metavar="RUN_DIR", help="redraw plots and before_after.md of a run, then exit")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
+    return parser
+
+
+class UserError(Exception):
+    """Bad input: main prints the message as one line and exits with status 2."""
+
+
+def validate_config(cfg: Config, training: bool = True) -> None:
+    problems = []
+    if cfg.group_size < 2:
+        problems.append("--group-size must be at least 2 (advantages compare samples of one prompt)")
+    if cfg.max_new_tokens <= 0:
+        problems.append("--max-new-tokens must be positive")
+    if training and cfg.temperature <= 0:
+        problems.append("--temperature must be positive for training (sampling and log-probs divide by it)")
+    for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
+                 "ppo_epochs", "logprob_chunk_size", "max_prompt_length"):
+        if getattr(cfg, name) <= 0:
+            problems.append(f"--{name.replace('_', '-')} must be positive")
+    for name in ("train_size", "eval_size", "max_steps", "save_every", "lr_warmup_steps"):
+        if getattr(cfg, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} must not be negative")
+    if not problems and cfg.generation_batch_size % cfg.group_size:
+        problems.append("--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
+    if not 0 < cfg.clip_eps < 1:
+        problems.append("--clip-eps must lie in (0, 1)")
+    if cfg.learning_rate <= 0:
+        problems.append("--learning-rate must be positive")
+    if problems:
+        raise UserError(problems[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Part 1: dataset
+# ---------------------------------------------------------------------------------------------------------------
+
+PLAIN_PROMPT = "Question: {question}\nAnswer: Let's solve this step by step.\n"
+GSM8K_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "
+                     "last line as '#### <number>'.")
+COUNTDOWN_INSTRUCTION = ("Using each of the given numbers at most once, with + - * / and parentheses, write an "
+                         "equation that equals the target. Think it through, then give only the equation inside "
+                         "<answer></answer>, for example <answer>(1 + 2) / 3</answer>.")
+
+
+def build_prompt(question: str, tokenizer=None, style: str = "plain", instruction: str = GSM8K_INSTRUCTION) -> str:
+    """The template's plain prompt, or the tokenizer's chat template asking for the task's answer format."""
+    if style == "chat" and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": instruction}, {"role": "user", "content": question}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return PLAIN_PROMPT.format(question=question)
+
+
+def load_split(dataset: str, split: str):
+    """`datasets.load_dataset` with the template's layout, failing in one line when the data is not there."""
+    import datasets
+    local = Path(dataset)
+    looks_local = dataset.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not local.is_dir():
+        raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there "
+                        f"(e.g. `git clone https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
+    try:
+        return datasets.load_dataset(str(local) if looks_local else dataset, "main", split=split)
+    except Exception as e:  # datasets raises many types for a bad slice, config or path
+        raise UserError(f"cannot load split {split!r} of {dataset}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+
+
+class GSM8KDataset(Dataset):
+    """GSM8K problems as tokenized prompts plus the gold number. Prompts are not padded here (the collate does)."""
+
+    def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
+                 prompt_style="plain", task=None):
+        self.task = task or TASKS["gsm8k"]
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        rows = self.task.load(dataset_path, split)
+        questions = [self.task.question(row) for row in rows]
+        answers = [self.task.gold(row) for row in rows]
+        self.prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
+        self.questions, self.answers, self.encodings = questions, answers, None
+        if tokenizer is not None:
+            self._tokenize_and_drop_long(prompt_style == "chat" and bool(getattr(tokenizer, "chat_template", None)))
+
+    # ----- TODO 1: tokenize each prompt (once, here, so over-long prompts can be dropped before training) -----
+    def _tokenize_and_drop_long(self, has_chat_markup: bool) -> None:
+        # The chat template already carries any BOS token; the plain prompt gets the tokenizer's usual specials.
+        ids = self.tokenizer(self.prompts, add_special_tokens=not has_chat_markup)["input_ids"]
+        keep = [i for i, seq in enumerate(ids) if len(seq) <= self.max_length]
+        if len(keep) < len(ids):
+            print(f"warning: dropped {len(ids) - len(keep)} of {len(ids)} prompts longer than {self.max_length} "
+                  f"tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
+        self.prompts = [self.prompts[i] for i in keep]
+        self.questions = [self.questions[i] for i in keep]
+        self.answers = [self.answers[i] for i in keep]
+        self.encodings = [ids[i] for i in keep]
+
+    def __len__(self):
+        return len(self.prompts)
+
+    def __getitem__(self, idx):
+        item = {"prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
+        if self.encodings is not None:
+            input_ids = torch.tensor(self.encodings[idx], dtype=torch.long)
+            item.update(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        return item
+
+    @staticmethod
+    def extract_answer(answer_str):
+        """Gold number after the last '####' of a GSM8K answer, thousands separators removed; None if absent."""
+        if answer_str is None or "####" not in answer_str:
+            return None
+        return parse_number(answer_str.rsplit("####", 1)[1])
+
+
+def collate_prompts(batch: list[dict], tokenizer) -> dict:
+    """Left-pad prompts so every row's completion starts at the same column, as generation requires."""
+    padded = tokenizer.pad({"input_ids": [b["input_ids"].tolist() for b in batch],
+                            "attention_mask": [b["attention_mask"].tolist() for b in batch]},
+                           padding_side="left", return_tensors="pt")
+    return {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"],
+            "prompts": [b["prompt"] for b in batch], "questions": [b["question"] for b in batch],
+            "answers": [b["answer"] for b in batch]}
+
+
+def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path:
+    """Write rows in the hub layout of openai/gsm8k (config 'main', one parquet file per split)."""
+    import datasets
+    folder = Path(folder)
+    (folder / "main").mkdir(parents=True, exist_ok=True)
+    files = "".join(f"  - split: {s}\n    path: main/{s}-*\n" for s in splits)
+    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: main\n  data_files:\n{files}---\n")
+    for split, rows in splits.items():
+        datasets.Dataset.from_list(rows).to_parquet(str(folder / "main" / f"{split}-00000-of-00001.parquet"))
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Part 2: reward
+# ---------------------------------------------------------------------------------------------------------------
+
+# One number, with optional sign, currency sign and thousands separators. Every quantifier is bounded by a
+# character class that cannot overlap its neighbour, so matching stays linear in the text length.
+_NUMBER = r"-?\s?\$?\s?-?\d[\d,]*(?:\.\d+)?"
+_ANSWER_MARKER = re.compile(r"(?:####|\\boxed\{|answer is:?)[ \t]*\**[ \t]*(" + _NUMBER + ")", re.IGNORECASE)
+_FINAL_LINE = re.compile(r"(?:^|\n)[ \t]*####[ \t]*" + _NUMBER + r"[ \t]*\.?\s*$")
+
+
+def parse_number(text: str) -> float | None:
+    cleaned = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
+    try:
+        value = float(cleaned)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def extract_answer_from_completion(completion):
+    """The number after the last answer marker ('####', '\\boxed{', 'answer is'); None if there is none."""
+    last = None
+    for last in _ANSWER_MARKER.finditer(completion or ""):
+        pass
+    return parse_number(last.group(1)) if last else None
+
+
+def is_well_formed_gsm8k(completion: str) -> bool:
+    return bool(_FINAL_LINE.search(completion or ""))
+
+
+def gsm8k_reward(completion: str, gold: float) -> float:
+    pred = extract_answer_from_completion(completion)
+    return float(pred is not None and gold is not None and math.isclose(pred, float(gold), rel_tol=1e-9, abs_tol=1e-6))
+
+
+def compute_reward(completions, ground_truth_answers, *, task=None, format_reward=0.0):
+    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` if well formed."""
+    task = task or TASKS["gsm8k"]
+    golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
+    if len(golds) != len(completions):
+        raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
+    return torch.tensor([task.reward(c, g) + format_reward * task.well_formed(c) for c, g in zip(completions, golds)],
+                        dtype=torch.float32)
+
+
+# Countdown: "Using the numbers [..], create an equation that equals T"; the equation goes in <answer> tags.
+_ALLOWED_EQUATION = re.compile(r"^[\d\s+\-*/().]+$")
+_MAX_EQUATION_CHARS, _MAX_EQUATION_DEPTH, _MAX_MAGNITUDE = 200, 20, 1e12
+
+
+def _extract_answer(text):
+    """Content of the last <answer>...</answer> pair, stripped; None if there is none."""
+    if not text:
+        return None
+    end = text.rfind("</answer>")
+    start = text.rfind("<answer>", 0, end) if end >= 0 else -1
+    return text[start + len("<answer>"):end].strip() if start >= 0 else None
+
+
+def _validate_numbers(equation_str, available_numbers):
+    """True if the equation uses only available numbers, each at most once (as many times as it is available)."""
+    try:
+        used = [int(n) for n in re.findall(r"\d+", equation_str)]
+    except (TypeError, ValueError):
+        return False
+    pool = list(available_numbers)
+    for n in used:
+        if n not in pool:
+            return False
+        pool.remove(n)
+    return True
+
+
+def _evaluate_equation(equation_str):
+    """Value of an arithmetic expression of integers, + - * / and parentheses; None for anything else.
+
+    The text is parsed to an AST and walked over an allow-list of node types: nothing is ever evaluated as
+    Python, and length, nesting and magnitude are bounded so no input can hang or crash it.
+    """
+    if not isinstance(equation_str, str) or len(equation_str) > _MAX_EQUATION_CHARS:
+        return None
+    if not _ALLOWED_EQUATION.match(equation_str) or "**" in equation_str or "//" in equation_str:
+        return None
+    try:
+        tree = ast.parse(equation_str.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b}
+
+    def walk(node, depth):
+        if depth > _MAX_EQUATION_DEPTH:
+            raise ValueError("too deep")
+        if isinstance(node, ast.Expression):
+            return walk(node.body, depth + 1)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+            value = walk(node.operand, depth + 1)
+            return value if isinstance(node.op, ast.UAdd) else -value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            value = ops[type(node.op)](walk(node.left, depth + 1), walk(node.right, depth + 1))
+            if not math.isfinite(value) or abs(value) > _MAX_MAGNITUDE:
+                raise ValueError("too large")
+            return value
+        raise ValueError(f"node {type(node).__name__} not allowed")
+
+    try:
+        return walk(tree, 0)
+    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+
+
+def reward_fn(generated_text, ground_truth):
+    """Countdown reward: 1.0 correct equation, 0.1 an answer tag that is wrong or invalid, 0.0 no answer tag."""
+    equation = _extract_answer(generated_text)
+    if equation is None:
+        return 0.0
+    if not _validate_numbers(equation, ground_truth["numbers"]):
+        return 0.1
+    value = _evaluate_equation(equation)
+    return 1.0 if value is not None and abs(value - ground_truth["target"]) < 1e-6 else 0.1
+
+
+def countdown_problems(n: int, seed: int) -> list[dict]:
+    """Countdown problems solvable by construction: the target is a random expression of the numbers."""
+    rng = random.Random(seed)
+    problems = []
+    while len(problems) < n:
+        nums = [rng.randint(1, 99) for _ in range(rng.choice([3, 4]))]
+        expr = str(nums[0])
+        for x in nums[1:]:
+            expr = f"({expr} {rng.choice('+-*')} {x})"
+        target = _evaluate_equation(expr)
+        if target is not None and 0 < target <= 1000:
+            problems.append({"nums": nums, "target": int(target)})
+    return problems
+
+
+@dataclass(frozen=True)
+class Task:
+    """What differs between tasks: where problems come from, the prompt, the gold answer and the reward."""
+    name: str
+    instruction: str
+    load: Callable[[str, str], Any]
+    question: Callable[[dict], str]
+    gold: Callable[[dict], Any]
+    reward: Callable[[str, Any], float]
+    well_formed: Callable[[str], bool]
+
+
+def _load_countdown(dataset: str, split: str):
+    if dataset:
+        return load_split(dataset, split)
+    size = int(m.group(1)) if (m := re.search(r"\[:(\d+)\]", split)) else 1000
+    return countdown_problems(size, seed=0 if split.startswith("train") else 1)
+
+
+TASKS = {
+    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"],
+                  lambda row: GSM8KDataset.extract_answer(row["answer"]), gsm8k_reward, is_well_formed_gsm8k),
+    "countdown": Task("countdown", COUNTDOWN_INSTRUCTION, _load_countdown,
+                      lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
+                                  f"that equals {row['target']}.",
+                      lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},
+                      reward_fn, lambda text: _extract_answer(text) is not None),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Part 3: GRPO algorithm (pure tensor functions)
+# ---------------------------------------------------------------------------------------------------------------
+
+# ----- TODO 2: group-relative advantages -----
+def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, advantage_eps=1e-4):
+    """Rewards laid out group after group -> advantages of the same layout; equal-reward groups get exactly 0."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    grouped = rewards.view(-1, group_size)                                   # [prompts, group]
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    if normalize_by_std:
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
+    no_spread = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)          # mean may round; force exact 0
+    return torch.where(no_spread, 0.0, advantages).view(-1)                 # [prompts * group]
+
+
+def masked_mean(tensor, mask):
+    """Mean over each row's masked entries, then over rows (the GRPO paper's reduction)."""
+    mask = mask.bool()
+    per_row = torch.where(mask, tensor, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)   # [batch]
+    return per_row.mean()
+
+
+def masked_mean_drgrpo(tensor, mask, num_tokens):
+    """Sum over masked entries / (num_tokens * rows): every token weighs the same, whatever its row's length."""
+    return torch.where(mask.bool(), tensor, 0.0).sum() / (num_tokens * tensor.shape[0])
+
+
+def masked_token_mean(tensor, mask):
+    """Sum over masked entries / number of masked entries (DAPO's token-level mean)."""
+    mask = mask.bool()
+    return torch.where(mask, tensor, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def aggregate(tensor, mask, loss_agg="seq-mean", num_tokens=None):
+    if loss_agg == "seq-mean":
+        return masked_mean(tensor, mask)
+    if loss_agg == "token-mean":
+        return masked_token_mean(tensor, mask)
+    if loss_agg == "drgrpo":
+        return masked_mean_drgrpo(tensor, mask, num_tokens or tensor.shape[-1])
+    raise ValueError(f"unknown loss aggregation {loss_agg!r}")
+
+
+LOGRATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in fp32, and a ratio that far out is clipped anyway
+
+
+def kl_k3(logprobs, ref_logprobs):
+    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0, in fp32."""
+    logratio = (ref_logprobs.float() - logprobs.float()).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    return torch.exp(logratio) - logratio - 1.0
+
+
+# ----- TODO 3: PPO clipped surrogate per token -----
+def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
+                        loss_agg="seq-mean", num_tokens=None, return_stats=False):
+    """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per token, reduced by `loss_agg`.
+
+    With return_stats, also returns (detached) clipfrac and approx_kl (k3 estimate of KL(old || new)).
+    """
+    mask = loss_mask.bool()                                                  # [batch, seq]
+    # Selection, not multiplication: garbage (even inf) at masked positions must not reach the loss or gradient.
+    logratio = torch.where(mask, logprobs - old_logprobs, 0.0).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    ratio = torch.exp(logratio)                                              # [batch, seq]
+    adv = advantages.to(ratio.dtype).unsqueeze(-1)                           # [batch, 1]
+    high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv
+    per_token = -torch.minimum(unclipped, clipped)                           # [batch, seq]
+    loss = aggregate(per_token, mask, loss_agg, num_tokens)
+    if not return_stats:
+        return loss
+    with torch.no_grad():
+        stats = {"clipfrac": masked_token_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).float(), mask).item(),
+                 "approx_kl": masked_token_mean((ratio - 1.0) - logratio, mask).item()}
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Part 4: training loop
+# ---------------------------------------------------------------------------------------------------------------
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the model's generation_config EOS list plus the tokenizer's EOS."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = list(ids) if isinstance(ids, (list, tuple)) else ([] if ids is None else [ids])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int):
+    """A GenerationConfig with every sampling knob set, so nothing is inherited from the model's config.
+
+    Qwen2.5-Instruct ships temperature 0.7, top_p 0.8, top_k 20 and repetition_penalty 1.1; any of them
+    would make the sampler's distribution differ from the softmax(logits / T) that the loss assumes.
+    """
+    from transformers import GenerationConfig
+    params = GenerationConfig()._get_default_generation_params()
+    params.update(max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True)
+    if temperature > 0:   # greedy (temperature 0) keeps the library defaults, which greedy search ignores
+        params.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    params.pop("max_length", None)
+    return GenerationConfig(**params)
+
+
+@contextlib.contextmanager
+def inference_mode(model):
+    """Eval mode for generation: HF turns the KV cache off in training mode when checkpointing is on."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_tokens=256, temperature=1.0,
+                         num_samples=4, *, batch_size=None):
+    """Sample `num_samples` completions per prompt (rows grouped per prompt); temperature 0 decodes greedily.
+
+    Returns output_ids [rows, prompt + new], attention_mask (what sampling attended to), completion_mask
+    (1 up to and including the first EOS, by position), prompt_length, completions (text), truncated [rows].
+    """
+    from transformers import GenerationConfig
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    config = sampling_config(temperature, max_new_tokens, eos_ids, pad_id)
+    prompt_ids = input_ids.repeat_interleave(num_samples, dim=0)             # [rows, prompt]
+    prompt_mask = attention_mask.repeat_interleave(num_samples, dim=0)
+    rows, prompt_length = prompt_ids.shape
+    batch_size = batch_size or rows
+    pieces = []
+    saved_config, model.generation_config = model.generation_config, GenerationConfig(eos_token_id=eos_ids)
+    try:
+        with inference_mode(model):
+            for start in range(0, rows, batch_size):
+                out = model.generate(input_ids=prompt_ids[start:start + batch_size],
+                                     attention_mask=prompt_mask[start:start + batch_size], generation_config=config)
+                pieces.append(out[:, prompt_length:])
+    finally:
+        model.generation_config = saved_config
+    width = max(p.shape[1] for p in pieces)
+    new_tokens = torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces])  # [rows, new]
+    is_eos = torch.isin(new_tokens, torch.tensor(eos_ids, device=new_tokens.device))
+    # Position of the first EOS (width when none): tokens up to and including it are the completion.
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), width)  # [rows]
+    positions = torch.arange(width, device=new_tokens.device)
+    completion_mask = (positions.unsqueeze(0) <= first_eos.unsqueeze(1)) & (positions.unsqueeze(0) < width)
+    truncated = ~is_eos.any(1)
+    completions = [tokenizer.decode(row[: int(n)], skip_special_tokens=True)
+                   for row, n in zip(new_tokens.tolist(), first_eos.tolist())]
+    ones = torch.ones_like(new_tokens)
+    return {"output_ids": torch.cat([prompt_ids, new_tokens], dim=1),
+            "attention_mask": torch.cat([prompt_mask, ones], dim=1),
+            "completion_mask": torch.cat([torch.zeros_like(prompt_ids), completion_mask.long()], dim=1),
+            "prompt_length": prompt_length, "completions": completions, "truncated": truncated,
+            "completion_lengths": completion_mask.sum(1)}
+
+
+def _chunk_token_logprobs(hidden, targets, head_weight, temperature):
+    logits = (hidden @ head_weight.t()).float() / temperature                # [tokens, vocab], one chunk
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs(hidden, targets, head_weight, temperature=1.0, chunk_size=1024):
+    """log softmax(hidden @ W^T / T)[target] for every row, a chunk of rows at a time.
+
+    Each chunk's fp32 logits live only inside it; under autograd the chunk is recomputed in backward, so the
+    (tokens x vocab) tensor is never held for the whole batch.
+    """
+    out = []
+    for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size)):    # [chunk, hidden], [chunk]
+        if torch.is_grad_enabled() and (h.requires_grad or head_weight.requires_grad):
+            out.append(torch.utils.checkpoint.checkpoint(_chunk_token_logprobs, h, t, head_weight, temperature,
+                                                         use_reentrant=False))
+        else:
+            out.append(_chunk_token_logprobs(h, t, head_weight, temperature))
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def position_ids_from_mask(attention_mask):
+    """Positions as generate() derives them: count of attended tokens so far, pads at 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+# ----- TODO 4: per-token log-probs of the sampled tokens -----
+def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
+                                chunk_size=1024):
+    """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0.
+
+    With prompt_length, columns before it are 0 and the LM head runs on completion positions only.
+    """
+    start = max(1, int(prompt_length or 1))
+    batch, seq = input_ids.shape
+    if start >= seq:
+        return torch.zeros(batch, seq, device=input_ids.device)
+    body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+    hidden = hidden[:, start - 1:-1]                                         # [batch, seq - start, hidden]
+    targets = input_ids[:, start:]                                           # [batch, seq - start]
+    logprobs = token_logprobs(hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1),
+                              model.get_output_embeddings().weight, temperature, chunk_size)
+    return F.pad(logprobs.view(batch, seq - start), (start, 0))             # [batch, seq]
+
+
+class AdamWStochasticRounding(torch.optim.Optimizer):
+    """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding.
+
+    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 that is
+    nearly all of them. Rounding up or down with probability proportional to the distance keeps the expected
+    weight equal to the fp32 one. fp32 weights get ordinary AdamW.
+    """
+
+    def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                grad = p.grad.float()
+                state["exp_avg"].lerp_(grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bias1, bias2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
+                denom = (state["exp_avg_sq"] / bias2).sqrt_().add_(group["eps"])
+                weight = p.float()
+                weight.mul_(1 - group["lr"] * group["weight_decay"])
+                weight.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / bias1)
+                p.copy_(stochastic_round_to_bf16(weight) if p.dtype == torch.bfloat16 else weight)
+        return None
+
+
+def stochastic_round_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """bf16 keeps the top 16 bits of an fp32: add uniform noise to the low 16, then truncate."""
+    bits = x.view(torch.int32)
+    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def build_optimizer(params, lr):
+    """The optimizer main uses: AdamW that does not drop small updates on bf16 weights."""
+    return AdamWStochasticRounding(params, lr=lr)
+
+
+@dataclass
+class Rollout:
+    """One step's samples, carried from generation through reward to the update."""
+    output_ids: torch.Tensor        # [rows, seq] prompt + completion
+    attention_mask: torch.Tensor    # [rows, seq] exactly what sampling attended to
+    loss_mask: torch.Tensor         # [rows, seq] completion tokens that enter the loss
+    prompt_length: int
+    completions: list[str]
+    rewards: torch.Tensor           # [rows]
+    advantages: torch.Tensor        # [rows]
+    truncated: torch.Tensor         # [rows] bool
+    completion_lengths: torch.Tensor  # [rows]
+
+
+def collect_rollout(model, tokenizer, batch, cfg: Config, device, task: Task) -> Rollout:
+    sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                                  cfg.max_new_tokens, cfg.temperature, cfg.group_size,
+                                  batch_size=cfg.generation_batch_size)
+    golds = [a for a in batch["answers"] for _ in range(cfg.group_size)]
+    rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward)
+    advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
+                                         advantage_eps=cfg.advantage_eps)
+    loss_mask = sample["completion_mask"].bool()
+    if cfg.mask_truncated:
+        loss_mask &= ~sample["truncated"].unsqueeze(1)
+    return Rollout(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
+                   sample["completions"], rewards, advantages, sample["truncated"].cpu(),
+                   sample["completion_lengths"].cpu())
+
+
+def micro_batches(rollout: Rollout, size: int):
+    """Slices of rows, each trimmed to its last completion column (padding after every EOS costs nothing)."""
+    for start in range(0, rollout.output_ids.shape[0], size):
+        rows = slice(start, start + size)
+        used = rollout.attention_mask[rows].shape[1]
+        mask_cols = rollout.loss_mask[rows].any(0).nonzero()
+        if len(mask_cols):
+            used = int(mask_cols[-1]) + 1
+        yield rows, used
+
+
+def micro_batch_weight(mask_mb, mask_all, loss_agg):
+    """Scale of one micro-batch's loss so that the accumulated gradient equals the full batch's."""
+    if loss_agg == "token-mean":
+        return mask_mb.sum().item() / max(mask_all.sum().item(), 1)
+    return mask_mb.shape[0] / mask_all.shape[0]                              # means over rows
+
+
+def rollout_logprobs(model, rollout: Rollout, cfg: Config) -> torch.Tensor:
+    """Log-probs of a whole rollout without gradient (old policy or reference), micro-batch by micro-batch."""
+    out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
+    with inference_mode(model):
+        for rows, used in micro_batches(rollout, cfg.micro_batch_size):
+            out[rows, :used] = compute_logprobs_from_model(
+                model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
+                temperature=cfg.temperature, prompt_length=rollout.prompt_length, chunk_size=cfg.logprob_chunk_size)
+    return out
+
+
+def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None) -> dict:
+    """`cfg.ppo_epochs` clipped policy-gradient steps on one rollout, gradients accumulated over micro-batches."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    old = rollout_logprobs(model, rollout, cfg) if cfg.ppo_epochs > 1 else None
+    ref = rollout_logprobs(ref_model, rollout, cfg) if ref_model is not None and cfg.kl_coef > 0 else None
+    stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0}
+    for _ in range(cfg.ppo_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        epoch_loss = 0.0
+        for rows, used in micro_batches(rollout, cfg.micro_batch_size):
+            ids, attn = rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used]
+            mask = rollout.loss_mask[rows, :used]
+            logprobs = compute_logprobs_from_model(model, ids, attn, temperature=cfg.temperature,
+                                                   prompt_length=rollout.prompt_length,
+                                                   chunk_size=cfg.logprob_chunk_size)       # [rows, used]
+            old_lp = logprobs.detach() if old is None else old[rows, :used]
+            loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device), mask,
+                                                 cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
+                                                 num_tokens=cfg.max_new_tokens, return_stats=True)
+            weight = micro_batch_weight(mask, rollout.loss_mask, cfg.loss_agg)
+            if ref is not None:
+                kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
+                loss = loss + cfg.kl_coef * kl
+                stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
+            (loss * weight).backward()
+            epoch_loss += weight * loss.item()
+            stats["clipfrac"] += weight * mb_stats["clipfrac"] / cfg.ppo_epochs
+            stats["approx_kl"] += weight * mb_stats["approx_kl"] / cfg.ppo_epochs
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+        if not (math.isfinite(epoch_loss) and math.isfinite(grad_norm)):
+            optimizer.zero_grad(set_to_none=True)        # a non-finite step is never applied
+            stats["skipped"] += 1
+            print(f"warning: skipped an update with loss {epoch_loss} and grad norm {grad_norm}", file=sys.stderr)
+        else:
+            optimizer.step()
+        stats["loss"] += epoch_loss / cfg.ppo_epochs
+        stats["grad_norm"] += grad_norm / cfg.ppo_epochs
+    optimizer.zero_grad(set_to_none=True)
+    return stats
+
+
+def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
+    """Run fn; on CUDA out-of-memory, free the cache, halve cfg.<knob> and retry; give up at 1 with a clear error."""
+    while True:
+        try:
+            return fn()
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            size = getattr(cfg, knob)
+            floor = cfg.group_size if knob == "generation_batch_size" else 1
+            if size <= floor:
+                raise UserError(f"out of GPU memory even at --{knob.replace('_', '-')} {size}: lower --max-new-tokens,"
+                                f" --group-size or --batch-size") from None
+            setattr(cfg, knob, max(floor, (size // 2) // floor * floor))
+            print(f"warning: out of GPU memory; retrying with --{knob.replace('_', '-')} {getattr(cfg, knob)}",
+                  file=sys.stderr)
+
+
+def step_record(step: int, epoch: int, rollout: Rollout, stats: dict, cfg: Config, lr: float,
+                gen_seconds: float, update_seconds: float) -> dict:
+    grouped = rollout.rewards.view(-1, cfg.group_size)
+    lengths = rollout.completion_lengths.float()
+    record = {"step": step, "epoch": epoch, "reward_mean": rollout.rewards.mean().item(),
+              "reward_std": rollout.rewards.std().item(),
+              "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
+              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped")},
+              "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
+              "truncated_frac": rollout.truncated.float().mean().item(), "lr": lr,
+              "gen_seconds": gen_seconds, "update_seconds": update_seconds,
+              "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9)}
+    if cfg.kl_coef > 0:
+        record["kl_ref"] = stats["kl_ref"]
+    if torch.cuda.is_available():
+        record["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    return record
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C arrived; the loop stopped after the step in flight."""
+
+
+# ----- TODO 5: the GRPO training loop -----
+def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
+               max_new_tokens=256, *, cfg: Config | None = None, task: Task | None = None, ref_model=None,
+               scheduler=None, on_step: Callable[[dict], None] | None = None, start_step=0, start_epoch=0,
+               skip_batches=0, stop_flag: Callable[[], bool] | None = None):
+    """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update.
+
+    Returns the per-step history (list of dicts). on_step(record) is called after each step (logging,
+    checkpoints); stop_flag() is polled between steps and raises TrainingInterrupted when it turns true.
+    """
+    cfg = dataclasses.replace(cfg or Config(max_steps=0), num_epochs=num_epochs, group_size=group_size,
+                              clip_eps=clip_eps, max_new_tokens=max_new_tokens)
+    task = task or TASKS[cfg.task]
+    history, step = [], start_step
+    model.train()
+    from tqdm.auto import tqdm
+    total = cfg.max_steps or num_epochs * len(train_loader)
+    with tqdm(total=total, initial=start_step, desc="GRPO", dynamic_ncols=True, disable=None) as bar:
+        for epoch in range(start_epoch, num_epochs):
+            set_epoch = getattr(getattr(train_loader, "sampler", None), "set_epoch", None) or \
+                getattr(train_loader, "set_epoch", None)
+            if set_epoch:
+                set_epoch(epoch)
+            for index, batch in enumerate(train_loader):
+                if epoch == start_epoch and index < skip_batches:
+                    continue
+                if cfg.max_steps and step >= cfg.max_steps:
+                    return history
+                t0 = time.perf_counter()
+                rollout = halve_on_oom(cfg, "generation_batch_size",
+                                       lambda: collect_rollout(model, tokenizer, batch, cfg, device, task))
+                t1 = time.perf_counter()
+                stats = halve_on_oom(cfg, "micro_batch_size",
+                                     lambda: grpo_update(model, optimizer, rollout, cfg, ref_model))
+                t2 = time.perf_counter()
+                lr = optimizer.param_groups[0]["lr"]
+                if scheduler is not None:
+                    scheduler.step()
+                step += 1
+                record = step_record(step, epoch, rollout, stats, cfg, lr, t1 - t0, t2 - t1)
+                record["batch_in_epoch"] = index + 1
+                history.append(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}")
+                if on_step:
+                    on_step(record)
+                if stop_flag and stop_flag():
+                    raise TrainingInterrupted(step)
+    return history
+
+
+def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval") -> tuple[dict, list[dict]]:
+    """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
+    from tqdm.auto import tqdm
+    loader = DataLoader(dataset, batch_size=cfg.eval_batch_size, shuffle=False,
+                        collate_fn=lambda b: collate_prompts(b, tokenizer))
+    records = []
+    for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):
+        out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(
+            model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+            cfg.max_new_tokens, temperature=0.0, num_samples=1))
+        for question, gold, completion in zip(batch["questions"], batch["answers"], out["completions"]):
+            pred = _extract_answer(completion) if dataset.task.name == "countdown" else \
+                extract_answer_from_completion(completion)
+            records.append({"question": question, "gold": gold, "completion": completion, "extracted": pred,
+                            "correct": dataset.task.reward(completion, gold) == 1.0,
+                            "well_formed": bool(dataset.task.well_formed(completion))})
+    n = max(len(records), 1)
+    return ({"accuracy": sum(r["correct"] for r in records) / n,
+             "format_rate": sum(r["well_formed"] for r in records) / n}, records)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The training record: metrics, checkpoints, plots, before/after answers
+# ---------------------------------------------------------------------------------------------------------------
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict) -> Path:
+    """Everything needed to continue bit-for-bit, written to a temp dir and renamed into place."""
+    final = run_dir / "checkpoints" / f"step-{record['step']}"
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "step": record["step"], "epoch": record["epoch"], "batch_in_epoch": record["batch_in_epoch"],
+                "rng": {"python": random.getstate(), "torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}},
+               tmp / "trainer_state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def last_checkpoint(run_dir: Path) -> Path | None:
+    steps = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()]
+    return max(steps, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    """Reward, completion length, clip fraction and KL per step, as PNGs in RUN_DIR/plots."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    if not metrics:
+        return []
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    steps = [m["step"] for m in metrics]
+    (run_dir / "plots").mkdir(exist_ok=True)
+    paths = []
+
+    def figure(name, title, ylabel, series, hlines=()):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, values, style in series:
+            ax.plot(steps, values, style, label=label)
+        for label, y, color in hlines:
+            ax.axhline(y, color=color, linestyle="--", label=label)
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / "plots" / name, dpi=110)
+        plt.close(fig)
+        paths.append(run_dir / "plots" / name)
+
+    rewards = [m["reward_mean"] for m in metrics]
+    accuracy_lines = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color)
+                      for when, key, color in (("before", "accuracy_before", "tab:red"),
+                                               ("after", "accuracy_after", "tab:green")) if key in summary]
+    figure("reward.png", "Mean reward of sampled completions", "reward",
+           [("per step", rewards, "-"), (f"moving mean ({max(len(rewards) // 20, 1)} steps)",
+                                         smooth(rewards, max(len(rewards) // 20, 1)), "-")], accuracy_lines)
+    figure("length.png", "Completion length", "tokens",
+           [("mean", [m["completion_len_mean"] for m in metrics], "-"),
+            ("max", [m["completion_len_max"] for m in metrics], "-")])
+    kl_series = [("clip fraction", [m["clipfrac"] for m in metrics], "-"),
+                 ("approx KL to sampler", [m["approx_kl"] for m in metrics], "-")]
+    if "kl_ref" in metrics[0]:
+        kl_series.append(("k3 KL to reference", [m["kl_ref"] for m in metrics], "-"))
+    figure("clip_kl.png", "Clip fraction and KL", "value", kl_series)
+    return paths
+
+
+def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
+    """Problems whose greedy answer flipped, with both completions side by side."""
+    before, after = read_jsonl(run_dir / "eval_before.jsonl"), read_jsonl(run_dir / "eval_after.jsonl")
+    if not before or not after:
+        return None
+    pairs = list(zip(before, after))
+    lines = ["# Answers before and after training", "",
+             f"Greedy decoding on {len(pairs)} test problems: {sum(b['correct'] for b, _ in pairs)} correct before, "
+             f"{sum(a['correct'] for _, a in pairs)} after.", ""]
+    for title, want in (("Wrong before, right after", (False, True)), ("Right before, wrong after", (True, False)),
+                        ("Unchanged", None)):
+        chosen = [(b, a) for b, a in pairs if (want is None and b["correct"] == a["correct"])
+                  or (b["correct"], a["correct"]) == want][:limit]
+        count = sum(1 for b, a in pairs if (b["correct"], a["correct"]) == want) if want else \
+            sum(1 for b, a in pairs if b["correct"] == a["correct"])
+        lines += [f"## {title} ({count})", ""]
+        for b, a in chosen:
+            lines += [f"**Question:** {b['question']}  ", f"**Gold:** {b['gold']}", "",
+                      "| before | after |", "|---|---|",
+                      f"| {_cell(b['completion'])} ({_mark(b)}) | {_cell(a['completion'])} ({_mark(a)}) |", ""]
+    path = run_dir / "before_after.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _cell(text: str) -> str:
+    return (text or "").strip().replace("|", "\\|").replace("\n", "<br>")[:1500]
+
+
+def _mark(record: dict) -> str:
+    return f"extracted {record['extracted']}, {'right' if record['correct'] else 'wrong'}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Part 5: main
+# ---------------------------------------------------------------------------------------------------------------
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        print("warning: no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for "
+              "Qwen2.5-1.5B)", file=sys.stderr)
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise UserError(f"--device {name}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name} asked for, but no CUDA GPU is available")
+    return device
+
+
+def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not path:
+        raise UserError("MODEL_PATH is required (a model directory such as ./Qwen2.5-1.5B-Instruct), or use --demo")
+    local = Path(path)
+    if local.exists() or path.startswith((".", "/", "~")):
+        if not (local / "config.json").is_file():
+            raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
+        if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+            raise UserError(f"MODEL_PATH {path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+             "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def split_name(name: str, size: int) -> str:
+    return f"{name}[:{size}]" if size else name
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def print_examples(before: list[dict], after: list[dict], count: int) -> None:
+    for b, a in list(zip(before, after))[:count]:
+        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {_oneline(b)} | after: {_oneline(a)}")
+
+
+def _oneline(record: dict) -> str:
+    text = (record["completion"] or "").strip().replace("\n", " ")
+    return f"{text[-60:]!r} [{'right' if record['correct'] else 'wrong'}]"
+
+
+def prepare_run_dir(cfg: Config, resume: bool) -> Path:
+    run_dir = Path(cfg.output_dir)
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def run_training(cfg: Config, resume_from: Path | None = None) -> dict:
+    """The whole job: load, evaluate, train, evaluate, write the record. Shared by the CLI and the demo."""
+    import transformers
+    validate_config(cfg)
+    task = TASKS[cfg.task]
+    device = pick_device(cfg.device)
+    seed_everything(cfg.seed)
+    checkpoint = last_checkpoint(resume_from) if resume_from else None
+    if resume_from and checkpoint is None:
+        raise UserError(f"{resume_from} has no checkpoint to resume from (runs save one with --save-every or on Ctrl-C)")
+
+    print("Loading tokenizer and model...")
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
+    ref_model = None
+    if cfg.kl_coef > 0:
+        ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
+        ref_model.requires_grad_(False)
+    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
+
+    print("Loading dataset...")
+    train_set = GSM8KDataset(split_name("train", cfg.train_size), tokenizer, cfg.max_prompt_length,
+                             dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
+    eval_set = GSM8KDataset(split_name("test", cfg.eval_size), tokenizer, cfg.max_prompt_length,
+                            dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
+    if len(train_set) < cfg.batch_size:
+        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size}")
+    run_dir = prepare_run_dir(cfg, resume=checkpoint is not None)
+    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer))
+
+    print("Setting up optimizer...")
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
+    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0)
+    start = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    if checkpoint is not None:
+        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        random.setstate(state["rng"]["python"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        start = {k: state[k] for k in start}
+        write_jsonl(run_dir / "metrics.jsonl",
+                    [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
+        print(f"Resuming from {checkpoint} (step {start['step']})")
+    write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv,
+                                         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                                      "transformers": transformers.__version__}})
+
+    t_start = time.perf_counter() - summary.get("wall_seconds", 0.0) if checkpoint else time.perf_counter()
+    if "accuracy_before" in summary and (run_dir / "eval_before.jsonl").exists():
+        before, before_records = summary["before"], read_jsonl(run_dir / "eval_before.jsonl")
+    else:
+        before, before_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval before")
+        write_jsonl(run_dir / "eval_before.jsonl", before_records)
+    print(f"Accuracy before training: {before['accuracy']:.2%} ({len(before_records)} test problems, "
+          f"format {before['format_rate']:.0%})")
+    summary = {"accuracy_before": before["accuracy"], "before": before, "steps": start["step"],
+               "wall_seconds": time.perf_counter() - t_start, "finished": False}
+    write_json(run_dir / "summary.json", summary)
+
+    metrics_file = open(run_dir / "metrics.jsonl", "a")
+    last = {"record": None}
+
+    def on_step(record: dict) -> None:
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        last["record"] = record
+        summary.update(steps=record["step"], wall_seconds=time.perf_counter() - t_start)
+        write_json(run_dir / "summary.json", summary)
+        if cfg.save_every and record["step"] % cfg.save_every == 0:
+            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, record)
+        if cfg.plot_every and record["step"] % cfg.plot_every == 0:
+            write_plots(run_dir)
+
+    print("Starting GRPO training...")
+    stop = {"asked": False}
+
+    def ask_stop(signum, frame):
+        if stop["asked"]:
+            raise KeyboardInterrupt
+        stop["asked"] = True
+        print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
+
+    previous_handler = signal.signal(signal.SIGINT, ask_stop)
+    try:
+        train_grpo(model, tokenizer, loader, optimizer, device, cfg.num_epochs, cfg.group_size, cfg.clip_eps,
+                   cfg.max_new_tokens, cfg=cfg, task=task, ref_model=ref_model, scheduler=scheduler, on_step=on_step,
+                   start_step=start["step"], start_epoch=start["epoch"], skip_batches=start["batch_in_epoch"],
+                   stop_flag=lambda: stop["asked"])
+    except TrainingInterrupted:
+        metrics_file.close()
+        if last["record"] is not None:
+            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"])
+        write_plots(run_dir)
+        raise UserError(f"interrupted after step {summary['steps']}; resume with: "
+                        f"python {Path(sys.argv[0]).name} --resume {run_dir}") from None
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+        metrics_file.close()
+    if cfg.save_every and last["record"] is not None and last["record"]["step"] % cfg.save_every:
+        save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"])
+    print("Training completed!")
+
+    after, after_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval after")
+    write_jsonl(run_dir / "eval_after.jsonl", after_records)
+    print(f"Accuracy before training: {before['accuracy']:.2%}")
+    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
+    print_examples(before_records, after_records, cfg.show_examples)
+    model.save_pretrained(run_dir / "final")
+    tokenizer.save_pretrained(run_dir / "final")
+    summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
+                   wall_seconds=time.perf_counter() - t_start)
+    write_json(run_dir / "summary.json", summary)
+    write_plots(run_dir)
+    write_before_after(run_dir)
+    print(f"Run written to {run_dir}")
+    return summary
+
+
+class SeededLoader:
+    """Shuffled prompt batches whose order depends only on (seed, epoch), so a resumed run sees the same data."""
+
+    def __init__(self, dataset, batch_size, seed, collate_fn):
+        self.dataset, self.batch_size, self.seed, self.collate_fn, self.epoch = dataset, batch_size, seed, collate_fn, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.dataset) // self.batch_size
+
+    def __iter__(self):
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield self.collate_fn([self.dataset[int(i)] for i in order[start:start + self.batch_size]])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU
+# ---------------------------------------------------------------------------------------------------------------
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
+ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]
+
+
+def build_byte_tokenizer():
+    """A byte-level BPE tokenizer (one token per byte) with Qwen's chat markup; pad is one of two EOS tokens.
+
+    Byte-level, because transformers may reload a qwen2 directory through Qwen2Tokenizer, which re-applies
+    byte-level pre-tokenization: a byte vocabulary survives that, a character vocabulary would not.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(byte_chars))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        additional_special_tokens=["<|im_start|>"])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(tokenizer, seed: int, hidden: int = 64, layers: int = 2):
+    """A Qwen2ForCausalLM at toy size, with Qwen-like sampling defaults in its generation_config."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id,
+        do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1)
+    return model
+
+
+def addition_problems(n: int, rng: random.Random, exclude: set[str] = frozenset()) -> list[dict]:
+    problems, seen = [], set(exclude)
+    while len(problems) < n:
+        a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(NAMES), rng.choice(ITEMS)
+        question = f"{name} has {a} {item} and gets {b} more. How many now?"
+        if question not in seen:
+            seen.add(question)
+            problems.append({"question": question, "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
+    return problems
+
+
+@dataclass
+class DemoConfig:
+    """The demo's CPU-sized settings: the model, the task sizes and the supervised warm-up."""
+    train_problems: int = 2000    # generated training problems (GRPO draws prompts from these)
+    test_problems: int = 300      # held-out problems for greedy accuracy
+    hidden: int = 64              # model width
+    layers: int = 2               # model depth
+    warmup_lr: float = 3e-3       # supervised warm-up learning rate
+    warmup_batch: int = 64        # supervised warm-up batch size
+    warmup_max_steps: int = 600   # supervised warm-up stops here at the latest
+    warmup_target: float = 0.3    # ... or once greedy accuracy on 64 training problems reaches this
+
+
+def demo_grpo_config(cfg: Config) -> Config:
+    """GRPO settings for the demo; a flag given on the command line still wins (see main)."""
+    return dataclasses.replace(cfg, prompt_style="plain", batch_size=16, group_size=8, max_new_tokens=8,
+                               learning_rate=5e-4, lr_warmup_steps=0, max_steps=400, num_epochs=10, generation_batch_size=128,
+                               micro_batch_size=128, eval_batch_size=300, plot_every=100, show_examples=5,
+                               device="cpu", dtype="float32", gradient_checkpointing="off", eval_size=0,
+                               train_size=0, output_dir="runs/demo")
+
+
+def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, seed: int) -> int:
+    """Teach the answer format on part of the training problems until the policy is partly competent.
+
+    GRPO learns only from groups whose rewards differ, so a policy that is never right gets no signal; one
+    that is always right has nothing left to learn. Stopping at `warmup_target` accuracy gives it room.
+    """
+    prompts = [PLAIN_PROMPT.format(question=p["question"]) for p in problems]
+    targets = ["#### " + p["answer"].rsplit("####", 1)[1].strip() + tokenizer.eos_token for p in problems]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=demo.warmup_lr)
+    probe = tokenizer.pad(tokenizer(prompts[:64]), padding_side="left", return_tensors="pt")
+    probe_golds = [GSM8KDataset.extract_answer(p["answer"]) for p in problems[:64]]
+    rng = random.Random(seed)
+    for step in range(1, demo.warmup_max_steps + 1):
+        idx = rng.sample(range(len(problems)), demo.warmup_batch)
+        prompt_ids = tokenizer([prompts[i] for i in idx])["input_ids"]
+        target_ids = tokenizer([targets[i] for i in idx], add_special_tokens=False)["input_ids"]
+        batch = tokenizer.pad({"input_ids": [p + t for p, t in zip(prompt_ids, target_ids)]}, padding_side="left",
+                              return_tensors="pt")
+        labels = batch["input_ids"].clone()
+        for row, t in enumerate(target_ids):           # learn the answer only, not the question
+            labels[row, : labels.shape[1] - len(t)] = -100
+        model.train()
+        loss = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"]), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 25 == 0:
+            out = generate_completions(model, tokenizer, probe["input_ids"], probe["attention_mask"], 8, 0.0, 1)
+            accuracy = compute_reward(out["completions"], probe_golds).mean().item()
+            if accuracy >= demo.warmup_target:
+                return step
+    return demo.warmup_max_steps
+
+
+def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
+    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk."""
+    t0 = time.perf_counter()
+    validate_config(cfg)
+    run_dir = Path(cfg.output_dir)
+    if (run_dir / "demo_model").is_dir():      # an earlier demo: the demo always starts from scratch
+        shutil.rmtree(run_dir)
+    run_dir = prepare_run_dir(cfg, resume=False)
+    seed_everything(cfg.seed)
+    rng = random.Random(cfg.seed)
+    test = addition_problems(demo.test_problems, rng)
+    train = addition_problems(demo.train_problems, rng, exclude={p["question"] for p in test})
+    data_dir = write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
+    tokenizer = build_byte_tokenizer()
+    model = build_tiny_model(tokenizer, cfg.seed, demo.hidden, demo.layers)
+    steps = supervised_warmup(model, tokenizer, train[: len(train) // 2], demo, cfg.seed)
+    print(f"demo: tiny Qwen2 ({sum(p.numel() for p in model.parameters()):,} parameters) warmed up for {steps} "
+          f"supervised steps in {time.perf_counter() - t0:.0f}s")
+    model.save_pretrained(run_dir / "demo_model")
+    tokenizer.save_pretrained(run_dir / "demo_model")
+    summary = run_training(dataclasses.replace(cfg, model_path=str(run_dir / "demo_model"), dataset=str(data_dir)))
+    summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
+    write_json(run_dir / "summary.json", summary)
+    print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
+          f"in {summary['demo_total_seconds']:.0f}s")
+    return summary
+
+
+def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+    """Config from the command line; with --demo or --resume, flags given explicitly override their base."""
+    args = build_arg_parser().parse_args(argv)
+    typed = vars(build_arg_parser(defaults=False).parse_args(argv))
+    explicit = {k: v for k, v in typed.items() if k in CONFIG_FIELDS}
+    if args.resume:
+        saved = Path(args.resume) / "config.json"
+        if not saved.is_file():
+            raise UserError(f"--resume {args.resume}: no config.json there, so it is not a run directory")
+        base = Config(**json.loads(saved.read_text())["config"])
+        return dataclasses.replace(base, output_dir=args.resume, **explicit), args
+    base = demo_grpo_config(Config()) if args.demo else Config()
+    return dataclasses.replace(base, **explicit), args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg, args = parse_config(argv)
+        if args.report:
+            run_dir = Path(args.report)
+            if not (run_dir / "metrics.jsonl").is_file():
+                raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
+            written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
+            print("\n".join(str(p) for p in written))
+        elif args.demo:
+            run_demo(cfg)
+        else:
+            run_training(cfg, resume_from=Path(args.resume) if args.resume else None)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
