@@ -45,6 +45,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,7 +199,10 @@ def load_split(dataset: str, split: str):
         raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there "
                         f"(e.g. `git clone https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
     try:
-        return datasets.load_dataset(str(local) if looks_local else dataset, "main", split=split)
+        if looks_local:   # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
+            with tempfile.TemporaryDirectory() as cache:
+                return datasets.load_dataset(str(local), "main", split=split, cache_dir=cache, keep_in_memory=True)
+        return datasets.load_dataset(dataset, "main", split=split)
     except Exception as e:  # datasets raises many types for a bad slice, config or path
         raise UserError(f"cannot load split {split!r} of {dataset}: {str(e).splitlines()[0] if str(e) else e!r}") from e
 
@@ -279,8 +283,8 @@ def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path
 # One number, with optional sign, currency sign and thousands separators. Every quantifier is bounded by a
 # character class that cannot overlap its neighbour, so matching stays linear in the text length.
 _NUMBER = r"-?\s?\$?\s?-?\d[\d,]*(?:\.\d+)?"
-_ANSWER_MARKER = re.compile(r"(?:####|\\boxed\{|answer is:?)[ \t]*\**[ \t]*(" + _NUMBER + ")", re.IGNORECASE)
-_FINAL_LINE = re.compile(r"(?:^|\n)[ \t]*####[ \t]*" + _NUMBER + r"[ \t]*\.?\s*$")
+_ANSWER_MARKER = re.compile(r"(?:####|\\boxed\{|answer is:?)[ \t*]*(" + _NUMBER + ")", re.IGNORECASE)
+_FINAL_LINE = re.compile(r"(?:^|\n)[ \t]*####[ \t]*" + _NUMBER + r"[\s.]*$")
 
 
 def parse_number(text: str) -> float | None:

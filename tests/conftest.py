@@ -1,0 +1,52 @@
+"""Shared fixtures: a tiny real Qwen2 model and tokenizer on disk, and a few GSM8K-format problems in hub layout."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import grpo_homework as gh  # noqa: E402
+
+SHARED_GSM8K = ROOT.parent / "shared" / "gsm8k"
+
+# Hand-written, GSM8K style: reasoning, then '#### <number>' (one with a thousands separator).
+PROBLEMS = [
+    {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
+     "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+    {"question": "A box holds 12 pens. How many pens are in 5 boxes?", "answer": "12 * 5 = <<12*5=60>>60\n#### 60"},
+    {"question": "Sara had 20 dollars and spent 8. How much is left?", "answer": "20 - 8 = <<20-8=12>>12\n#### 12"},
+    {"question": "A farm sells 1,000 eggs a day for 2 days. How many eggs?", "answer": "1000 * 2 = 2000\n#### 2,000"},
+    {"question": "Ann reads 6 pages a day for 7 days. How many pages?", "answer": "6 * 7 = <<6*7=42>>42\n#### 42"},
+    {"question": "There are 9 birds and 4 fly away. How many remain?", "answer": "9 - 4 = <<9-4=5>>5\n#### 5"},
+    {"question": "Ben splits 18 cookies among 3 friends. How many each?", "answer": "18 / 3 = <<18/3=6>>6\n#### 6"},
+    {"question": "A car goes 50 miles an hour for 3 hours. How far?", "answer": "50 * 3 = 150\n#### 150"},
+]
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir(tmp_path_factory):
+    return gh.write_hub_dataset(tmp_path_factory.mktemp("gsm8k"), {"train": PROBLEMS, "test": PROBLEMS[:4]})
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return gh.build_byte_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, tokenizer):
+    """A randomly initialized Qwen2ForCausalLM saved with save_pretrained, so from_pretrained really runs."""
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    model = gh.build_tiny_model(tokenizer, seed=0, hidden=32, layers=2)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def model_and_tokenizer(model_dir):
+    torch.manual_seed(0)
+    return gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), "float32")

@@ -1,0 +1,165 @@
+"""Part 1 (dataset, collate) and Part 2 (answer extraction, rewards, Countdown verifier) against hand-made cases."""
+import time
+
+import pytest
+import torch
+
+import grpo_homework as gh
+from conftest import PROBLEMS, SHARED_GSM8K
+
+
+# ----- gold answers and completion answers -----
+
+@pytest.mark.parametrize("text, expected", [
+    ("3 + 4 = 7\n#### 7", 7.0), ("#### 2,000", 2000.0), ("#### -5", -5.0), ("a #### 1\nb #### 3.5", 3.5),
+    ("no marker 12", None), (None, None),
+])
+def test_extract_gold_answer(text, expected):
+    assert gh.GSM8KDataset.extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("so 8 * 9 = 72\n#### 72", 72.0),
+    ("The answer is $1,234.00.", 1234.0),
+    ("Therefore \\boxed{72}", 72.0),
+    ("The answer is -3", -3.0),
+    ("#### 5\nWait, I made an error. The answer is 7", 7.0),      # the last marker wins
+    ("#### 10 apples", 10.0),
+    ("#### 0.5", 0.5),
+    ("I think it is 42", None),                                    # a bare number is no answer
+    ("#### __import__('os').system('echo hacked')", None),         # nothing is evaluated
+    ("", None),
+])
+def test_extract_answer_from_completion(completion, expected):
+    assert gh.extract_answer_from_completion(completion) == expected
+
+
+@pytest.mark.parametrize("hostile", ["#### " * 50_000, "answer is " * 50_000, "####" + " " * 200_000 + "x",
+                                     "#### " + "1," * 100_000 + ".", "$-" * 100_000, "\\boxed{" * 50_000,
+                                     "#### 5" + " \n" * 100_000 + "x", "\n" * 100_000 + "#### 1x"])
+def test_extraction_is_linear_on_hostile_text(hostile):
+    start = time.perf_counter()
+    gh.extract_answer_from_completion(hostile)
+    gh.is_well_formed_gsm8k(hostile)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_compute_reward_compares_numbers_and_accepts_a_tensor_of_answers():
+    completions = ["#### 72", "The answer is 72.0", "#### 1,234", "#### 71", "no answer"]
+    rewards = gh.compute_reward(completions, torch.tensor([72.0, 72.0, 1234.0, 72.0, 72.0]))
+    assert rewards.dtype == torch.float32 and rewards.shape == (5,)
+    assert rewards.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert gh.compute_reward(["#### 3"], [3.0]).tolist() == [1.0]
+
+
+def test_format_reward_is_added_for_a_final_answer_line_only():
+    rewards = gh.compute_reward(["work\n#### 5", "The answer is 5", "#### 4"], [5.0, 5.0, 5.0], format_reward=0.1)
+    assert rewards.tolist() == pytest.approx([1.1, 1.0, 0.1])
+
+
+# ----- dataset and collate -----
+
+def test_dataset_tokenizes_the_template_prompt(gsm8k_dir, tokenizer):
+    ds = gh.GSM8KDataset("train", tokenizer, dataset_path=str(gsm8k_dir))
+    assert len(ds) == len(PROBLEMS)
+    item = ds[0]
+    assert item["prompt"] == f"Question: {PROBLEMS[0]['question']}\nAnswer: Let's solve this step by step.\n"
+    assert item["input_ids"].dtype == torch.long and item["input_ids"].dim() == 1
+    assert item["input_ids"].tolist() == tokenizer(item["prompt"])["input_ids"]
+    assert item["attention_mask"].tolist() == [1] * len(item["input_ids"])
+    assert item["answer"] == 7.0 and ds[3]["answer"] == 2000.0
+
+
+def test_dataset_default_path_is_gsm8k_next_to_the_script(gsm8k_dir, tokenizer, tmp_path, monkeypatch):
+    (tmp_path / "gsm8k").symlink_to(gsm8k_dir)
+    monkeypatch.chdir(tmp_path)
+    assert len(gh.GSM8KDataset("test", tokenizer)) == 4
+    assert len(gh.GSM8KDataset("train[:3]", tokenizer)) == 3
+
+
+def test_chat_prompt_uses_the_template_and_asks_for_the_answer_line(gsm8k_dir, tokenizer):
+    ds = gh.GSM8KDataset("train[:2]", tokenizer, dataset_path=str(gsm8k_dir), prompt_style="chat")
+    prompt = ds[0]["prompt"]
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert "#### <number>" in prompt and PROBLEMS[0]["question"] in prompt
+    # special tokens are single ids, not spelled out in bytes
+    assert ds[0]["input_ids"][0].item() == tokenizer.convert_tokens_to_ids("<|im_start|>")
+
+
+def test_long_prompts_are_dropped_with_a_warning_never_cut(gsm8k_dir, tokenizer, capsys):
+    lengths = [len(tokenizer(gh.PLAIN_PROMPT.format(question=p["question"]))["input_ids"]) for p in PROBLEMS]
+    limit = sorted(lengths)[3]
+    ds = gh.GSM8KDataset("train", tokenizer, max_length=limit, dataset_path=str(gsm8k_dir))
+    assert len(ds) == sum(n <= limit for n in lengths) < len(PROBLEMS)
+    assert all(len(ds[i]["input_ids"]) <= limit and ds[i]["prompt"].endswith("step by step.\n") for i in range(len(ds)))
+    assert "dropped" in capsys.readouterr().err
+
+
+def test_collate_left_pads_with_the_tokenizer(gsm8k_dir, tokenizer):
+    ds = gh.GSM8KDataset("train", tokenizer, dataset_path=str(gsm8k_dir))
+    short, long = sorted([ds[i] for i in range(len(ds))], key=lambda b: len(b["input_ids"]))[::len(ds) - 1]
+    batch = gh.collate_prompts([short, long], tokenizer)
+    pad = len(long["input_ids"]) - len(short["input_ids"])
+    assert pad > 0 and batch["input_ids"].shape == (2, len(long["input_ids"]))
+    assert batch["attention_mask"][0].tolist() == [0] * pad + [1] * len(short["input_ids"])
+    assert batch["input_ids"][0, pad:].tolist() == short["input_ids"].tolist()
+    assert batch["input_ids"][0, :pad].tolist() == [tokenizer.pad_token_id] * pad
+    assert batch["answers"] == [short["answer"], long["answer"]]
+
+
+@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason="the real GSM8K copy in ../shared/gsm8k is absent")
+def test_real_gsm8k_loads_and_every_gold_answer_parses():
+    train = gh.GSM8KDataset("train", None, dataset_path=str(SHARED_GSM8K))
+    test = gh.GSM8KDataset("test", None, dataset_path=str(SHARED_GSM8K))
+    assert (len(train), len(test)) == (7473, 1319)
+    assert all(a is not None for a in train.answers + test.answers)
+    assert all(gh.compute_reward([f"#### {a}" for a in test.answers[:100]], test.answers[:100]) == 1)
+
+
+@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason="the real GSM8K copy in ../shared/gsm8k is absent")
+def test_real_gsm8k_slice_out_of_range_is_a_user_error():
+    with pytest.raises(gh.UserError):
+        gh.load_split(str(SHARED_GSM8K), "test[5000:6000]x")
+
+
+# ----- Countdown verifier -----
+
+NUMS = {"numbers": [1, 2, 3, 4], "target": 9}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("think... <answer>(1 + 2) * 3</answer>", 1.0),
+    ("<answer>4 + 3 + 2</answer>", 1.0),
+    ("<answer>4 * 2 + 1</answer>", 1.0),
+    ("<answer>1 + 2 + 3</answer>", 0.1),             # valid but wrong value
+    ("<answer>3 * 3</answer>", 0.1),                 # 3 used twice
+    ("<answer>9</answer>", 0.1),                     # 9 is not available
+    ("<answer>4 + 5</answer>", 0.1),
+    ("<answer>import os</answer>", 0.1),
+    ("the answer is (1 + 2) * 3", 0.0),             # no tag
+    ("<answer>1</answer> then <answer>(1 + 2) * 3</answer>", 1.0),   # the last tag counts
+])
+def test_countdown_reward(text, expected):
+    assert gh.reward_fn(text, NUMS) == expected
+
+
+def test_countdown_helpers():
+    assert gh._extract_answer("x <answer> 1+2 </answer>") == "1+2"
+    assert gh._extract_answer("<answer>1+2") is None
+    assert gh._validate_numbers("1 + 1", [1, 2]) is False and gh._validate_numbers("1 + 1", [1, 1, 5]) is True
+    assert gh._evaluate_equation("(1 + 2) * 3 / 4") == 2.25 and gh._evaluate_equation("-3 + 5") == 2.0
+
+
+@pytest.mark.parametrize("hostile", ["2 ** 10", "2(3)", "(1)(2)", "1 / 0", "3 × 4", "3 − 1", "__import__('os')",
+                                     "1 if 1 else 2", "9" * 5000, "(" * 300 + "1" + ")" * 300, "9*" * 99 + "9",
+                                     "1e308 * 10", "1 // 2", "1.5 + 1", "", "   "])
+def test_countdown_evaluation_rejects_hostile_input_quickly(hostile):
+    start = time.perf_counter()
+    assert gh._evaluate_equation(hostile) is None
+    assert time.perf_counter() - start < 0.5
+
+
+def test_generated_countdown_problems_are_solvable_by_construction():
+    problems = gh.countdown_problems(50, seed=3)
+    assert problems == gh.countdown_problems(50, seed=3)
+    assert all(0 < p["target"] <= 1000 and len(p["nums"]) in (3, 4) for p in problems)
