@@ -632,7 +632,11 @@ def token_logprobs(hidden, targets, head_weight, temperature=1.0, chunk_size=102
 
 
 def position_ids_from_mask(attention_mask):
-    """Positions as generate() derives them: count of attended tokens so far, pads at 0."""
+    """Positions as generate() derives them: count of attended tokens so far, pads at 0.
+
+    RoPE models (Qwen) only see relative positions, so for them this changes nothing; models with absolute
+    position embeddings would score left-padded rows wrongly without it.
+    """
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -1090,6 +1094,15 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
     return model, tokenizer
 
 
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing for the update (renamed from gradient_checkpointing_enable in transformers 5)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def split_name(name: str, size: int) -> str:
     return f"{name}[:{size}]" if size else name
 
@@ -1135,7 +1148,7 @@ def run_training(cfg: Config, resume_from: Path | None = None) -> dict:
         ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
         ref_model.requires_grad_(False)
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
 
     print("Loading dataset...")

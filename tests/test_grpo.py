@@ -1,0 +1,333 @@
+"""Part 3 (advantages, losses, KL) and Part 4 (generation, log-probs, update, optimizer): hand-computed values,
+slow per-row reference loops, and the failure modes public GRPO code is known for."""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import grpo_homework as gh
+
+
+# ----- TODO 2: advantages -----
+
+def test_advantages_hand_computed():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    # group 0: mean 0.25, unbiased std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5; group 1: all equal -> exactly 0
+    adv = gh.compute_advantages_grpo(rewards, 4, advantage_eps=0.0)
+    assert adv.tolist() == [1.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    adv = gh.compute_advantages_grpo(rewards, 4)
+    assert adv[:4].tolist() == pytest.approx([0.75 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001])
+    assert gh.compute_advantages_grpo(rewards, 4, normalize_by_std=False).tolist() == \
+        [0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_advantages_match_a_per_group_loop_and_zero_spread_is_exactly_zero():
+    torch.manual_seed(0)
+    rewards = torch.randint(0, 3, (40,)).float() * 0.1      # 0.1 sums do not round to an exact mean
+    rewards[8:16] = 0.1
+    adv = gh.compute_advantages_grpo(rewards, 8)
+    for g in range(5):
+        group = rewards[g * 8:(g + 1) * 8].tolist()
+        mean = sum(group) / 8
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / 7)
+        expected = [0.0 if std == 0 else (r - mean) / (std + 1e-4) for r in group]
+        assert adv[g * 8:(g + 1) * 8].tolist() == pytest.approx(expected, abs=1e-5)
+    assert (adv[8:16] == 0).all()
+    with pytest.raises(ValueError):
+        gh.compute_advantages_grpo(torch.ones(6), 4)
+
+
+# ----- reductions and KL -----
+
+def test_handout_question_per_token_gradients_under_each_reduction():
+    """A 3-token response (plus 3 masked) and a 6-token response: who gets how much gradient per token?"""
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    expected = {"masked_mean": ([1 / 6] * 3, [1 / 12] * 6), "drgrpo": ([1 / 12] * 3, [1 / 12] * 6),
+                "token_mean": ([1 / 9] * 3, [1 / 9] * 6)}
+    for name, (short, long) in expected.items():
+        values = torch.zeros(2, 6, requires_grad=True)
+        if name == "masked_mean":
+            gh.masked_mean(values, mask).backward()
+        elif name == "drgrpo":
+            gh.masked_mean_drgrpo(values, mask, num_tokens=6).backward()
+        else:
+            gh.masked_token_mean(values, mask).backward()
+        assert values.grad[0, :3].tolist() == pytest.approx(short) and values.grad[1].tolist() == pytest.approx(long)
+        assert values.grad[0, 3:].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_kl_k3_values():
+    lp = torch.zeros(4)
+    ref = torch.tensor([0.0, math.log(2.0), -100.0, 100.0])
+    kl = gh.kl_k3(lp, ref)
+    assert kl[0] == 0 and kl[1].item() == pytest.approx(2 - math.log(2) - 1)
+    assert torch.isfinite(kl).all() and (kl >= 0).all()
+    torch.manual_seed(0)
+    a, b = torch.randn(1000) * 5, torch.randn(1000) * 5
+    assert (gh.kl_k3(a, b) >= 0).all() and (gh.kl_k3(a, a) == 0).all()
+
+
+# ----- TODO 3: policy loss -----
+
+def _hand_case():
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -3.0]])
+    ratios = torch.tensor([[1.0, 1.5, 0.5], [1.5, 0.5, 1.0]])
+    return old + ratios.log(), old, torch.tensor([1.0, -2.0]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+
+def test_policy_loss_hand_computed():
+    logprobs, old, adv, mask = _hand_case()
+    # row 0 (A=+1): -min(r, clip(r)) = [-1, -1.2, -0.5] -> mean -0.9
+    # row 1 (A=-2): -min(-2r, -2 clip(r)) = [3, 1.6] (third token masked) -> mean 2.3
+    loss, stats = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, return_stats=True)
+    assert loss.item() == pytest.approx((-0.9 + 2.3) / 2)
+    assert stats["clipfrac"] == pytest.approx(4 / 5)
+    token_mean = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, loss_agg="token-mean")
+    assert token_mean.item() == pytest.approx((-1 - 1.2 - 0.5 + 3 + 1.6) / 5)
+    # clip-higher: row 0 token 1 now counts 1.5 (upper bound 1.5), everything else unchanged
+    high = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, clip_eps_high=0.5)
+    assert high.item() == pytest.approx(((-1 - 1.5 - 0.5) / 3 + 2.3) / 2)
+
+
+def test_policy_loss_matches_a_per_token_loop():
+    torch.manual_seed(1)
+    lp, old = torch.randn(5, 7) * 0.3 - 2, torch.randn(5, 7) * 0.3 - 2
+    adv, mask = torch.randn(5), (torch.rand(5, 7) > 0.3).long()
+    mask[:, 0] = 1
+    rows = []
+    for b in range(5):
+        terms = []
+        for t in range(7):
+            if mask[b, t]:
+                r = math.exp(lp[b, t] - old[b, t])
+                terms.append(-min(r * adv[b].item(), min(max(r, 0.8), 1.2) * adv[b].item()))
+        rows.append(sum(terms) / len(terms))
+    assert gh.compute_policy_loss(lp, old, adv, mask).item() == pytest.approx(sum(rows) / 5, rel=1e-5)
+
+
+def test_masked_garbage_cannot_leak_into_loss_or_gradient():
+    logprobs, old, adv, mask = _hand_case()
+    garbage = logprobs.clone()
+    garbage[1, 2] = float("nan")
+    old_garbage = old.clone()
+    old_garbage[1, 2] = float("-inf")
+    garbage.requires_grad_(True)
+    loss = gh.compute_policy_loss(garbage, old_garbage, adv, mask)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.7)
+    assert torch.isfinite(garbage.grad).all() and garbage.grad[1, 2] == 0
+
+
+def test_extreme_log_ratios_stay_finite():
+    lp = torch.tensor([[0.0, -200.0]], requires_grad=True)
+    old = torch.tensor([[-200.0, 0.0]])
+    loss = gh.compute_policy_loss(lp, old, torch.tensor([-1.0]), torch.ones(1, 2))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+
+
+# ----- TODO 4: log-probs -----
+
+def _left_padded_batch(tokenizer, texts):
+    enc = tokenizer(texts)
+    return tokenizer.pad(enc, padding_side="left", return_tensors="pt")
+
+
+def test_logprobs_match_a_per_row_unpadded_loop(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    texts = ["Question: 1 + 1?\nAnswer: 2", "Hi", "A much longer prompt than the others, padded less."]
+    batch = _left_padded_batch(tok, texts)
+    got = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"], temperature=0.7)
+    assert got.shape == batch["input_ids"].shape and (got[:, 0] == 0).all()
+    with torch.no_grad():
+        for b, text in enumerate(texts):
+            ids = torch.tensor([tok(text)["input_ids"]])
+            logits = model(ids).logits[0].float() / 0.7
+            ref = logits.log_softmax(-1)[:-1].gather(1, ids[0, 1:, None])[:, 0]
+            n = ids.shape[1]
+            assert got[b, -n + 1:].tolist() == pytest.approx(ref.tolist(), abs=1e-4)
+
+
+def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
+    prompt_length = 10
+    ours = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"],
+                                          prompt_length=prompt_length, chunk_size=3)
+    ours.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits = model(**batch, position_ids=gh.position_ids_from_mask(batch["attention_mask"])).logits.float()
+    naive = logits.log_softmax(-1)[:, :-1].gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    naive = torch.nn.functional.pad(naive, (1, 0))
+    naive[:, :prompt_length] = 0
+    naive.sum().backward()
+    assert (ours[:, :prompt_length] == 0).all()
+    assert torch.allclose(ours, naive, atol=1e-5)
+    for g, p in zip(grads, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-5)
+
+
+# ----- generation -----
+
+def _capture_generate(model, seen):
+    """Wrap model.generate to also record the raw and the processed logits of every step."""
+    original = model.generate
+
+    def generate(**kwargs):
+        out = original(**kwargs, output_logits=True, output_scores=True, return_dict_in_generate=True)
+        seen.append((kwargs, out))
+        return out.sequences
+    model.generate = generate
+
+
+def test_sampling_ignores_the_models_generation_config_and_matches_logprobs(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    assert model.generation_config.top_k == 20 and model.generation_config.repetition_penalty == 1.1
+    seen = []
+    _capture_generate(model, seen)
+    batch = _left_padded_batch(tok, ["Question: 2 + 2?\nAnswer:", "Q: hello"])
+    out = gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], max_new_tokens=6,
+                                  temperature=0.7, num_samples=3)
+    (_, gen), = seen
+    for raw, processed in zip(gen.logits, gen.scores):
+        assert torch.allclose(processed, raw / 0.7)            # no top-k, top-p or repetition penalty
+    P = out["prompt_length"]
+    logprobs = gh.compute_logprobs_from_model(model, out["output_ids"], out["attention_mask"], temperature=0.7,
+                                              prompt_length=P)
+    sampler = torch.stack(gen.logits, 1).float().div(0.7).log_softmax(-1)
+    sampled = sampler.gather(-1, out["output_ids"][:, P:, None])[..., 0]
+    mask = out["completion_mask"][:, P:].bool()
+    assert torch.allclose(logprobs[:, P:][mask], sampled[mask], atol=1e-4)
+    assert model.generation_config.top_k == 20                 # restored after sampling
+
+
+def test_rows_are_grouped_per_prompt(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    batch = _left_padded_batch(tok, ["first prompt", "second, longer prompt"])
+    out = gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], 4, 1.0, 3, batch_size=2)
+    assert out["output_ids"].shape[0] == 6 and len(out["completions"]) == 6
+    P = out["prompt_length"]
+    assert (out["output_ids"][:3, :P] == batch["input_ids"][0]).all()
+    assert (out["output_ids"][3:, :P] == batch["input_ids"][1]).all()
+
+
+def test_completion_mask_stops_at_the_first_of_either_eos_by_position(model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id       # pad is also an EOS
+    assert gh.eos_token_ids(model, tok) == sorted({im_end, pad})
+    a, b = tok("a")["input_ids"][0], tok("b")["input_ids"][0]
+    new = torch.tensor([[a, pad, b, b], [a, b, im_end, pad], [a, a, a, a]])
+    monkeypatch.setattr(model, "generate", lambda input_ids, **kw: torch.cat([input_ids, new], 1))
+    ids = torch.tensor([[a, b]])
+    out = gh.generate_completions(model, tok, ids, torch.ones_like(ids), 4, 1.0, 3)
+    assert out["completion_mask"][:, 2:].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    assert out["truncated"].tolist() == [False, False, True]
+    assert out["completions"] == ["a", "ab", "aaaa"]
+
+
+def test_generation_uses_the_kv_cache_even_with_gradient_checkpointing(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gh.enable_checkpointing(model)
+    assert model.is_gradient_checkpointing
+    model.train()
+    lengths = []
+    model.model.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    batch = _left_padded_batch(tok, ["Question: 5 + 5?"])
+    gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], 5, 1.0, 2)
+    assert lengths[0] == batch["input_ids"].shape[1] and set(lengths[1:]) <= {1} and len(lengths) >= 2
+    assert model.training                                      # restored for the update
+
+
+# ----- update -----
+
+def _rollout(model, tok, cfg, seed=0):
+    torch.manual_seed(seed)
+    batch = gh.collate_prompts([{"input_ids": torch.tensor(tok(q)["input_ids"]), "attention_mask":
+                                 torch.ones(len(tok(q)["input_ids"]), dtype=torch.long), "prompt": q, "question": q,
+                                 "answer": 1.0} for q in ["Q: 1?", "Q: a longer one?", "Q: third"]], tok)
+    rollout = gh.collect_rollout(model, tok, batch, cfg, torch.device("cpu"), gh.TASKS["gsm8k"])
+    rollout.advantages = torch.randn(rollout.advantages.shape)        # a random model earns no reward
+    return rollout
+
+
+@pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
+def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_tokenizer, loss_agg):
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, kl_coef=0.1)
+    rollout = _rollout(model, tok, cfg)
+    ref = gh.build_tiny_model(tok, seed=5, hidden=32)
+    start = [p.detach().clone() for p in model.parameters()]
+    deltas = []
+    for micro in (12, 5, 1):
+        for p, s in zip(model.parameters(), start):
+            p.data.copy_(s)
+        gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout,
+                       dataclasses.replace(cfg, micro_batch_size=micro), ref_model=ref)
+        deltas.append(torch.cat([(p.detach() - s).flatten() for p, s in zip(model.parameters(), start)]))
+    assert deltas[0].abs().sum() > 0
+    assert torch.allclose(deltas[0], deltas[1], atol=1e-6) and torch.allclose(deltas[0], deltas[2], atol=1e-6)
+
+
+def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epochs(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
+    rollout = _rollout(model, tok, cfg)
+    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
+    assert stats["clipfrac"] == 0.0 and stats["approx_kl"] == 0.0 and stats["skipped"] == 0
+    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout,
+                           dataclasses.replace(cfg, ppo_epochs=3))
+    assert stats["approx_kl"] > 0                               # later epochs see the moved policy
+
+
+def test_truncated_completions_are_counted_and_can_be_masked(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=2)
+    kept = _rollout(model, tok, cfg)
+    masked = _rollout(model, tok, dataclasses.replace(cfg, mask_truncated=True))
+    assert kept.truncated.any()
+    assert (masked.loss_mask[masked.truncated].sum() == 0) and (kept.loss_mask[kept.truncated].sum(1) == 2).all()
+
+
+def test_non_finite_update_is_skipped(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=4)
+    rollout = _rollout(model, tok, cfg)
+    rollout.advantages[0] = float("nan")
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    assert stats["skipped"] == 1
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+# ----- optimizer -----
+
+def test_stochastic_rounding_is_unbiased():
+    x = torch.full((200_000,), 1.0 + 2 ** -10)            # a quarter of a bf16 ulp above 1
+    rounded = gh.stochastic_round_to_bf16(x).float()
+    assert set(rounded.unique().tolist()) == {1.0, 1.0 + 2 ** -7}
+    assert rounded.mean().item() == pytest.approx(1.0 + 2 ** -10, abs=2e-5)
+
+
+def test_bf16_weights_follow_the_fp32_adamw_path_at_lr_1e6():
+    torch.manual_seed(0)
+    w0 = (torch.randn(20_000) * 0.02).bfloat16()
+    direction = torch.randn(20_000)
+    grads = [direction + 0.5 * torch.randn(20_000) for _ in range(200)]
+
+    def run(param, optimizer):
+        for g in grads:
+            param.grad = g.to(param.dtype)
+            optimizer.step()
+        return param.detach().float() - w0.float()
+
+    ref = torch.nn.Parameter(w0.float().clone())
+    reference = run(ref, torch.optim.AdamW([ref], lr=1e-6, weight_decay=0.0))
+    ours_p = torch.nn.Parameter(w0.clone())
+    ours = run(ours_p, gh.build_optimizer([ours_p], 1e-6))
+    plain_p = torch.nn.Parameter(w0.clone())
+    plain = run(plain_p, torch.optim.AdamW([plain_p], lr=1e-6, weight_decay=0.0))
+    kept = lambda d: (d @ reference / (reference @ reference)).item()     # noqa: E731
+    assert ours_p.dtype == torch.bfloat16
+    assert kept(ours) >= 0.8 and kept(plain) < 0.1
