@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny real Qwen2 model and tokenizer on disk, and a few GSM8K-format problems in hub layout."""
+import random
 import sys
 from pathlib import Path
 
@@ -50,3 +51,23 @@ def model_dir(tmp_path_factory, tokenizer):
 def model_and_tokenizer(model_dir):
     torch.manual_seed(0)
     return gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), "float32")
+
+
+@pytest.fixture(scope="session")
+def addition_dir(tmp_path_factory):
+    rng = random.Random(0)
+    test = gh.addition_problems(16, rng)
+    train = gh.addition_problems(64, rng, exclude={p["question"] for p in test})
+    return gh.write_hub_dataset(tmp_path_factory.mktemp("addition"), {"train": train, "test": test})
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tmp_path_factory, tokenizer):
+    """The demo's model after a short supervised warm-up: right sometimes, so GRPO has reward to learn from."""
+    path = tmp_path_factory.mktemp("warm-qwen2")
+    model = gh.build_tiny_model(tokenizer, seed=0)
+    problems = gh.addition_problems(500, random.Random(1))
+    gh.supervised_warmup(model, tokenizer, problems, gh.DemoConfig(warmup_max_steps=200, warmup_target=0.15), seed=0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

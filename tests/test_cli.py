@@ -1,0 +1,180 @@
+"""The command line as users run it: real subprocess runs on the tiny model, bad input, resume, Ctrl-C, OOM."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import grpo_homework as gh
+from conftest import ROOT
+
+SCRIPT = str(ROOT / "grpo_homework.py")
+PROGRESS = ["Loading tokenizer and model...", "Loading dataset...", "Setting up optimizer...",
+            "Starting GRPO training...", "Training completed!"]
+
+
+def tiny_args(model_dir, gsm8k_dir, out, *extra):
+    return [str(model_dir), "--dataset", str(gsm8k_dir), "--output-dir", str(out), "--device", "cpu",
+            "--train-size", "8", "--eval-size", "4", "--batch-size", "2", "--group-size", "4",
+            "--max-new-tokens", "8", "--generation-batch-size", "4", "--micro-batch-size", "3",
+            "--eval-batch-size", "4", "--lr-warmup-steps", "0", "--learning-rate", "1e-3", "--plot-every", "1", *extra]
+
+
+def run_cli(args, **kwargs):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300,
+                          **kwargs)
+
+
+def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "2", "--kl-coef", "0.05"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line in PROGRESS] == PROGRESS
+    assert any(line.startswith("Accuracy before training:") for line in lines)
+    assert any(line.startswith("Accuracy after training:") for line in lines)
+
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for key in ("reward_mean", "reward_std", "zero_spread_frac", "loss", "clipfrac", "approx_kl", "kl_ref",
+                "completion_len_mean", "completion_len_max", "truncated_frac", "grad_norm", "lr", "gen_seconds",
+                "update_seconds", "tokens_per_s"):
+        assert key in metrics[0], key
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
+    assert summary["steps"] == 2 and summary["wall_seconds"] > 0 and summary["finished"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["kl_coef"] == 0.05 and config["config"]["group_size"] == 4 and "torch" in config["versions"]
+    for name in ("eval_before.jsonl", "eval_after.jsonl"):
+        records = [json.loads(line) for line in (out / name).read_text().splitlines()]
+        assert len(records) == 4 and {"question", "gold", "completion", "extracted", "correct"} <= set(records[0])
+    assert (out / "before_after.md").read_text().startswith("# Answers before and after training")
+    assert all((out / "plots" / p).stat().st_size > 1000 for p in ("reward.png", "length.png", "clip_kl.png"))
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    start = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert AutoTokenizer.from_pretrained(out / "final").eos_token == "<|im_end|>"
+    assert final.state_dict().keys() == start.state_dict().keys()
+    assert torch.isfinite(final(torch.tensor([[1, 2, 3]])).logits).all()
+
+    (out / "plots" / "reward.png").unlink()
+    (out / "before_after.md").unlink()
+    report = run_cli(["--report", str(out)])
+    assert report.returncode == 0 and (out / "plots" / "reward.png").exists() and (out / "before_after.md").exists()
+
+
+def test_help_lists_every_flag_with_its_default():
+    result = run_cli(["--help"])
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for name in ("--group-size", "--max-new-tokens", "--learning-rate", "--prompt-style", "--loss-agg", "--demo",
+                 "--resume", "--report", "--save-every", "--kl-coef", "--clip-eps-high", "--format-reward"):
+        assert name in text, name
+    assert "(default: 8)" in text and "(default: ./gsm8k)" in text
+
+
+@pytest.mark.parametrize("case, message", [
+    (lambda m, d: ["/nonexistent/model"], "not a model directory"),
+    (lambda m, d: [str(d)], "not a model directory"),
+    (lambda m, d: [], "MODEL_PATH is required"),
+    (lambda m, d: [str(m), "--dataset", "./no-such-gsm8k"], "does not exist"),
+    (lambda m, d: [str(m), "--dataset", str(d), "--group-size", "1"], "--group-size"),
+    (lambda m, d: [str(m), "--dataset", str(d), "--max-new-tokens", "0"], "--max-new-tokens"),
+    (lambda m, d: [str(m), "--dataset", str(d), "--temperature", "0"], "--temperature"),
+    (lambda m, d: [str(m), "--dataset", str(d), "--group-size", "3", "--generation-batch-size", "8"], "multiple"),
+    (lambda m, d: [str(m), "--dataset", str(d), "--batch-size", "9", "--eval-size", "1"], "fewer than"),
+    (lambda m, d: ["--resume", str(d)], "not a run directory"),
+    (lambda m, d: ["--report", str(d)], "not a run directory"),
+])
+def test_bad_input_gives_one_line_exit_2_and_writes_nothing(model_dir, gsm8k_dir, tmp_path, capsys, case, message):
+    out = tmp_path / "never-written"
+    code = gh.main(case(model_dir, gsm8k_dir) + ["--output-dir", str(out), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: ") and message in err[-1], err
+    assert not out.exists()
+
+
+def test_tokenizerless_model_dir_and_real_exit_code(model_dir, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((model_dir / "config.json").read_text())
+    result = run_cli([str(bare), "--output-dir", str(tmp_path / "out")])
+    assert result.returncode == 2 and "no tokenizer" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_run_is_never_overwritten(model_dir, gsm8k_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out)) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, addition_dir, tmp_path):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4"]
+    assert run_cli(tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", "--save-every", "2",
+                             *args)).returncode == 0
+    assert run_cli(tiny_args(warm_model_dir, addition_dir, split, "--max-steps", "2", "--save-every", "2",
+                             *args)).returncode == 0
+    resumed = run_cli(["--resume", str(split), "--max-steps", "4"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming from" in resumed.stdout
+    from safetensors.torch import load_file
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    metrics = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    # the test means something only if sampled rewards moved the weights after the checkpoint
+    assert any(m["zero_spread_frac"] < 1 and m["grad_norm"] > 0 for m in metrics[2:])
+    start = load_file(warm_model_dir / "model.safetensors")
+    assert any(not torch.equal(a[k], start[k]) for k in a)
+    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen([sys.executable, SCRIPT, *tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "500",
+                                                                 "--num-epochs", "200")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert f"--resume {out}" in err.strip().splitlines()[-1]
+    steps = len((out / "metrics.jsonl").read_text().splitlines())
+    assert (out / "checkpoints" / f"step-{steps}" / "trainer_state.pt").exists()
+    assert json.loads((out / "summary.json").read_text())["steps"] == steps
+    assert (out / "plots" / "reward.png").exists()
+
+
+def test_out_of_memory_halves_the_micro_batch_then_gives_a_clear_error():
+    cfg = gh.Config(micro_batch_size=8)
+    calls = []
+
+    def step():
+        calls.append(cfg.micro_batch_size)
+        if cfg.micro_batch_size > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return "done"
+
+    assert gh.halve_on_oom(cfg, "micro_batch_size", step) == "done" and calls == [8, 4, 2]
+
+    def always():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    with pytest.raises(gh.UserError, match="--max-new-tokens"):
+        gh.halve_on_oom(cfg, "micro_batch_size", always)
+    cfg = gh.Config(group_size=4, generation_batch_size=16)
+    with pytest.raises(gh.UserError):
+        gh.halve_on_oom(cfg, "generation_batch_size", always)
+    assert cfg.generation_batch_size == 4                 # never below one whole group
