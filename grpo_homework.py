@@ -1337,7 +1337,7 @@ class DemoConfig:
     layers: int = 2               # model depth
     warmup_lr: float = 3e-3       # supervised warm-up learning rate
     warmup_batch: int = 64        # supervised warm-up batch size
-    warmup_max_steps: int = 600   # supervised warm-up stops here at the latest
+    warmup_max_steps: int = 1000  # supervised warm-up stops here at the latest
     warmup_target: float = 0.3    # ... or once greedy accuracy on 64 training problems reaches this
 
 

@@ -178,3 +178,16 @@ def test_out_of_memory_halves_the_micro_batch_then_gives_a_clear_error():
     with pytest.raises(gh.UserError):
         gh.halve_on_oom(cfg, "generation_batch_size", always)
     assert cfg.generation_batch_size == 4                 # never below one whole group
+
+
+def test_countdown_task_runs_end_to_end_on_generated_problems(model_dir, tmp_path, capsys):
+    out = tmp_path / "countdown"
+    code = gh.main([str(model_dir), "--task", "countdown", "--dataset", "", "--output-dir", str(out), "--device",
+                    "cpu", "--train-size", "8", "--eval-size", "4", "--batch-size", "2", "--group-size", "4",
+                    "--max-new-tokens", "8", "--generation-batch-size", "8", "--max-steps", "1",
+                    "--advantage", "drgrpo", "--loss-agg", "drgrpo", "--ppo-epochs", "2", "--format-reward", "0.1"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    record = json.loads((out / "eval_before.jsonl").read_text().splitlines()[0])
+    assert record["question"].startswith("Using the numbers [") and set(record["gold"]) == {"numbers", "target"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert "format_rate" in summary["after"] and summary["steps"] == 1
