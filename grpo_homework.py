@@ -101,7 +101,7 @@ class Config:
     num_epochs: int = _flag(1, "passes over the training problems")
     max_steps: int = _flag(200, "stop after this many steps (0 = no limit)")
     micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate)")
-    logprob_chunk_size: int = _flag(1024, "completion tokens per chunk of the LM head + log-softmax")
+    logprob_chunk_size: int = _flag(256, "completion tokens per chunk of the LM head + log-softmax")
     gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
                                         choices=["auto", "on", "off"])
     dtype: str = _flag("auto", "weights: auto = bfloat16 on CUDA, float32 on CPU",
@@ -201,10 +201,15 @@ def load_split(dataset: str, split: str):
     try:
         if looks_local:   # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
             with tempfile.TemporaryDirectory() as cache:
-                return datasets.load_dataset(str(local), "main", split=split, cache_dir=cache, keep_in_memory=True)
-        return datasets.load_dataset(dataset, "main", split=split)
+                rows = datasets.load_dataset(str(local), "main", split=split, cache_dir=cache, keep_in_memory=True)
+        else:
+            rows = datasets.load_dataset(dataset, "main", split=split)
     except Exception as e:  # datasets raises many types for a bad slice, config or path
         raise UserError(f"cannot load split {split!r} of {dataset}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+    asked = re.fullmatch(r"\w+\[:(\d+)\]", split)
+    if asked and len(rows) < int(asked.group(1)):   # datasets clamps [:N] silently
+        raise UserError(f"split {split!r} of {dataset} has only {len(rows)} rows (lower --train-size / --eval-size)")
+    return rows
 
 
 class GSM8KDataset(Dataset):
@@ -610,25 +615,45 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
             "completion_lengths": completion_mask.sum(1)}
 
 
-def _chunk_token_logprobs(hidden, targets, head_weight, temperature):
-    logits = (hidden @ head_weight.t()).float() / temperature                # [tokens, vocab], one chunk
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+class ChunkedTokenLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32.
 
-
-def token_logprobs(hidden, targets, head_weight, temperature=1.0, chunk_size=1024):
-    """log softmax(hidden @ W^T / T)[target] for every row, a chunk of rows at a time.
-
-    Each chunk's fp32 logits live only inside it; under autograd the chunk is recomputed in backward, so the
-    (tokens x vocab) tensor is never held for the whole batch.
+    Only one chunk's (rows x vocab) logits exist at any moment, forward or backward: backward recomputes them
+    and accumulates the LM-head gradient into a single buffer, instead of one full-size temporary per chunk.
     """
-    out = []
-    for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size)):    # [chunk, hidden], [chunk]
-        if torch.is_grad_enabled() and (h.requires_grad or head_weight.requires_grad):
-            out.append(torch.utils.checkpoint.checkpoint(_chunk_token_logprobs, h, t, head_weight, temperature,
-                                                         use_reentrant=False))
-        else:
-            out.append(_chunk_token_logprobs(h, t, head_weight, temperature))
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)        # [tokens]
+        for s in range(0, hidden.shape[0], chunk_size):
+            logits = (hidden[s:s + chunk_size] @ weight.t()).float().div_(temperature)        # [chunk, vocab]
+            out[s:s + chunk_size] = logits.gather(-1, targets[s:s + chunk_size, None])[:, 0] - logits.logsumexp(-1)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for s in range(0, hidden.shape[0], ctx.chunk_size):
+            h, rows = hidden[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
+            logits = (h @ weight.t()).float().div_(ctx.temperature)                           # [chunk, vocab]
+            # d logp[target] / d logits = onehot(target) - softmax(logits), times upstream grad / T; in place
+            grad_logits = logits.sub_(logits.logsumexp(-1, keepdim=True)).exp_().neg_()
+            grad_logits.scatter_add_(-1, targets[rows, None], torch.ones_like(grad_logits[:, :1]))
+            grad_logits = grad_logits.mul_(grad_out[rows, None] / ctx.temperature).to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), h)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def token_logprobs(hidden, targets, head_weight, temperature=1.0, chunk_size=256):
+    """[tokens] log-probs of `targets` under the LM head, never holding more than a chunk of logits."""
+    return ChunkedTokenLogprobs.apply(hidden, head_weight, targets, temperature, chunk_size)
 
 
 def position_ids_from_mask(attention_mask):
@@ -642,7 +667,7 @@ def position_ids_from_mask(attention_mask):
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
-                                chunk_size=1024):
+                                chunk_size=256):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0.
 
     With prompt_length, columns before it are 0 and the LM head runs on completion positions only.
@@ -909,9 +934,9 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
                         collate_fn=lambda b: collate_prompts(b, tokenizer))
     records = []
     for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):
-        out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(
+        out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(    # halving splits the batch
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-            cfg.max_new_tokens, temperature=0.0, num_samples=1))
+            cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
         for question, gold, completion in zip(batch["questions"], batch["answers"], out["completions"]):
             pred = _extract_answer(completion) if dataset.task.name == "countdown" else \
                 extract_answer_from_completion(completion)
@@ -1226,7 +1251,6 @@ def run_training(cfg: Config, resume_from: Path | None = None) -> dict:
                    start_step=start["step"], start_epoch=start["epoch"], skip_batches=start["batch_in_epoch"],
                    stop_flag=lambda: stop["asked"])
     except TrainingInterrupted:
-        metrics_file.close()
         if last["record"] is not None:
             save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"])
         write_plots(run_dir)

@@ -191,3 +191,18 @@ def test_countdown_task_runs_end_to_end_on_generated_problems(model_dir, tmp_pat
     assert record["question"].startswith("Using the numbers [") and set(record["gold"]) == {"numbers", "target"}
     summary = json.loads((out / "summary.json").read_text())
     assert "format_rate" in summary["after"] and summary["steps"] == 1
+
+
+def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer, gsm8k_dir, monkeypatch):
+    model, tok = model_and_tokenizer
+    original = model.generate
+
+    def generate(input_ids, **kwargs):
+        if input_ids.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return original(input_ids=input_ids, **kwargs)
+    monkeypatch.setattr(model, "generate", generate)
+    dataset = gh.GSM8KDataset("train", tok, dataset_path=str(gsm8k_dir))
+    cfg = gh.Config(eval_batch_size=8, max_new_tokens=3)
+    scores, records = gh.evaluate(model, tok, dataset, cfg, torch.device("cpu"))
+    assert len(records) == 8 and cfg.eval_batch_size == 2

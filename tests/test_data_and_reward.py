@@ -118,8 +118,10 @@ def test_real_gsm8k_loads_and_every_gold_answer_parses():
 
 @pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason="the real GSM8K copy in ../shared/gsm8k is absent")
 def test_real_gsm8k_slice_out_of_range_is_a_user_error():
-    with pytest.raises(gh.UserError):
-        gh.load_split(str(SHARED_GSM8K), "test[5000:6000]x")
+    assert len(gh.load_split(str(SHARED_GSM8K), "test[:1319]")) == 1319
+    for split in ("test[:1320]", "test[5000:6000]", "train[x]"):
+        with pytest.raises(gh.UserError):
+            gh.load_split(str(SHARED_GSM8K), split)
 
 
 # ----- Countdown verifier -----
