@@ -145,29 +145,24 @@ class UserError(Exception):
     """Bad input: main prints the message as one line and exits with status 2."""
 
 
-def validate_config(cfg: Config, training: bool = True) -> None:
-    problems = []
-    if cfg.group_size < 2:
-        problems.append("--group-size must be at least 2 (advantages compare samples of one prompt)")
-    if cfg.max_new_tokens <= 0:
-        problems.append("--max-new-tokens must be positive")
-    if training and cfg.temperature <= 0:
-        problems.append("--temperature must be positive for training (sampling and log-probs divide by it)")
+def validate_config(cfg: Config) -> None:
+    """Raise UserError naming the first flag whose value cannot work."""
+    def require(ok: bool, message: str) -> None:
+        if not ok:
+            raise UserError(message)
+
+    require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
+    require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
+    require(cfg.temperature > 0, "--temperature must be positive for training (sampling and log-probs divide by it)")
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
                  "ppo_epochs", "logprob_chunk_size", "max_prompt_length"):
-        if getattr(cfg, name) <= 0:
-            problems.append(f"--{name.replace('_', '-')} must be positive")
+        require(getattr(cfg, name) > 0, f"--{name.replace('_', '-')} must be positive")
     for name in ("train_size", "eval_size", "max_steps", "save_every", "lr_warmup_steps"):
-        if getattr(cfg, name) < 0:
-            problems.append(f"--{name.replace('_', '-')} must not be negative")
-    if not problems and cfg.generation_batch_size % cfg.group_size:
-        problems.append("--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
-    if not 0 < cfg.clip_eps < 1:
-        problems.append("--clip-eps must lie in (0, 1)")
-    if cfg.learning_rate <= 0:
-        problems.append("--learning-rate must be positive")
-    if problems:
-        raise UserError(problems[0])
+        require(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must not be negative")
+    require(cfg.generation_batch_size % cfg.group_size == 0,
+            "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
+    require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
+    require(cfg.learning_rate > 0, "--learning-rate must be positive")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -303,10 +298,8 @@ def parse_number(text: str) -> float | None:
 
 def extract_answer_from_completion(completion):
     """The number after the last answer marker ('####', '\\boxed{', 'answer is'); None if there is none."""
-    last = None
-    for last in _ANSWER_MARKER.finditer(completion or ""):
-        pass
-    return parse_number(last.group(1)) if last else None
+    numbers = _ANSWER_MARKER.findall(completion or "")
+    return parse_number(numbers[-1]) if numbers else None
 
 
 def is_well_formed_gsm8k(completion: str) -> bool:
@@ -782,14 +775,19 @@ def micro_batch_weight(mask_mb, mask_all, loss_agg):
     return mask_mb.shape[0] / mask_all.shape[0]                              # means over rows
 
 
+def micro_batch_logprobs(model, rollout: Rollout, rows: slice, used: int, cfg: Config) -> torch.Tensor:
+    """[rows, used] log-probs of one micro-batch: the same call for policy, old policy and reference."""
+    return compute_logprobs_from_model(model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
+                                       temperature=cfg.temperature, prompt_length=rollout.prompt_length,
+                                       chunk_size=cfg.logprob_chunk_size)
+
+
 def rollout_logprobs(model, rollout: Rollout, cfg: Config) -> torch.Tensor:
     """Log-probs of a whole rollout without gradient (old policy or reference), micro-batch by micro-batch."""
     out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
     with inference_mode(model):
         for rows, used in micro_batches(rollout, cfg.micro_batch_size):
-            out[rows, :used] = compute_logprobs_from_model(
-                model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
-                temperature=cfg.temperature, prompt_length=rollout.prompt_length, chunk_size=cfg.logprob_chunk_size)
+            out[rows, :used] = micro_batch_logprobs(model, rollout, rows, used, cfg)
     return out
 
 
@@ -803,11 +801,8 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None)
         optimizer.zero_grad(set_to_none=True)
         epoch_loss = 0.0
         for rows, used in micro_batches(rollout, cfg.micro_batch_size):
-            ids, attn = rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used]
             mask = rollout.loss_mask[rows, :used]
-            logprobs = compute_logprobs_from_model(model, ids, attn, temperature=cfg.temperature,
-                                                   prompt_length=rollout.prompt_length,
-                                                   chunk_size=cfg.logprob_chunk_size)       # [rows, used]
+            logprobs = micro_batch_logprobs(model, rollout, rows, used, cfg)                  # [rows, used]
             old_lp = logprobs.detach() if old is None else old[rows, :used]
             loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device), mask,
                                                  cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
