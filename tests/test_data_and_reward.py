@@ -165,3 +165,15 @@ def test_generated_countdown_problems_are_solvable_by_construction():
     problems = gh.countdown_problems(50, seed=3)
     assert problems == gh.countdown_problems(50, seed=3)
     assert all(0 < p["target"] <= 1000 and len(p["nums"]) in (3, 4) for p in problems)
+
+
+def test_countdown_loads_a_local_hub_dataset_with_either_column_name(tmp_path, tokenizer):
+    rows = [{"nums": [3, 5, 7], "target": 22}, {"nums": [2, 9], "target": 18}]
+    folder = gh.write_hub_dataset(tmp_path / "cd", {"train": rows, "test": rows[:1]})
+    ds = gh.GSM8KDataset("train", tokenizer, dataset_path=str(folder), task=gh.TASKS["countdown"])
+    assert ds[0]["question"] == "Using the numbers [3, 5, 7], create an equation that equals 22."
+    assert ds[1]["answer"] == {"numbers": [2, 9], "target": 18}
+    assert gh.reward_fn("<answer>3 * 5 + 7</answer>", ds[0]["answer"]) == 1.0
+    renamed = gh.write_hub_dataset(tmp_path / "cd2", {"train": [{"numbers": [1, 2], "target": 3}]})
+    assert gh.GSM8KDataset("train", None, dataset_path=str(renamed), task=gh.TASKS["countdown"]).answers == \
+        [{"numbers": [1, 2], "target": 3}]
