@@ -425,6 +425,7 @@ class Task:
     gold: Callable[[dict], Any]
     reward: Callable[[str, Any], float]
     well_formed: Callable[[str], bool]
+    extract: Callable[[str], Any]          # the answer a completion gives, as the reward reads it
 
 
 def _load_countdown(dataset: str, split: str):
@@ -436,12 +437,13 @@ def _load_countdown(dataset: str, split: str):
 
 TASKS = {
     "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"],
-                  lambda row: GSM8KDataset.extract_answer(row["answer"]), gsm8k_reward, is_well_formed_gsm8k),
+                  lambda row: GSM8KDataset.extract_answer(row["answer"]), gsm8k_reward, is_well_formed_gsm8k,
+                  extract_answer_from_completion),
     "countdown": Task("countdown", COUNTDOWN_INSTRUCTION, _load_countdown,
                       lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
                                   f"that equals {row['target']}.",
                       lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},
-                      reward_fn, lambda text: _extract_answer(text) is not None),
+                      reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer),
 }
 
 
@@ -644,7 +646,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
-def token_logprobs(hidden, targets, head_weight, temperature=1.0, chunk_size=256):
+def token_logprobs(hidden, targets, head_weight, temperature, chunk_size):
     """[tokens] log-probs of `targets` under the LM head, never holding more than a chunk of logits."""
     return ChunkedTokenLogprobs.apply(hidden, head_weight, targets, temperature, chunk_size)
 
@@ -660,7 +662,7 @@ def position_ids_from_mask(attention_mask):
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
-                                chunk_size=256):
+                                chunk_size=Config.logprob_chunk_size):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0.
 
     With prompt_length, columns before it are 0 and the LM head runs on completion positions only.
@@ -933,9 +935,8 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
         for question, gold, completion in zip(batch["questions"], batch["answers"], out["completions"]):
-            pred = _extract_answer(completion) if dataset.task.name == "countdown" else \
-                extract_answer_from_completion(completion)
-            records.append({"question": question, "gold": gold, "completion": completion, "extracted": pred,
+            records.append({"question": question, "gold": gold, "completion": completion,
+                            "extracted": dataset.task.extract(completion),
                             "correct": dataset.task.reward(completion, gold) == 1.0,
                             "well_formed": bool(dataset.task.well_formed(completion))})
     n = max(len(records), 1)
