@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
@@ -76,7 +77,7 @@ class Config:
                               choices=["chat", "plain"])
     max_prompt_length: int = _flag(512, "prompts longer than this many tokens are dropped, with a warning")
     # rollout
-    batch_size: int = _flag(2, "prompts per step")
+    batch_size: int = _flag(2, "prompts per step (per process under torchrun)")
     group_size: int = _flag(8, "completions sampled per prompt (the G of GRPO)")
     max_new_tokens: int = _flag(512, "completion length limit")
     temperature: float = _flag(1.0, "sampling temperature; log-probs divide logits by the same value")
@@ -113,6 +114,11 @@ class Config:
     save_every: int = _flag(0, "checkpoint every N steps (0 = only on interrupt)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
+    # several processes (torchrun)
+    parallel: str = _flag("ddp", "under torchrun: ddp keeps a full replica per process; fsdp shards weights, "
+                          "gradients and optimizer state", choices=["ddp", "fsdp"])
+    check_replicas: bool = _flag(False, "under torchrun: compare a weight checksum across processes after every "
+                                 "step and stop if they differ (debugging)")
 
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
@@ -681,6 +687,22 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     return F.pad(logprobs.view(batch, seq - start), (start, 0))             # [batch, seq]
 
 
+class PolicyLogprobs(torch.nn.Module):
+    """compute_logprobs_from_model as a module call, so that DDP or FSDP wrapping it sees the forward pass.
+
+    The log-prob path calls the model's body and LM-head weight directly, never the model's own forward, so
+    wrapping the Hugging Face model itself would leave its gradient hooks unarmed.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.policy = model
+
+    def forward(self, input_ids, attention_mask, prompt_length, temperature, chunk_size):
+        return compute_logprobs_from_model(self.policy, input_ids, attention_mask, temperature=temperature,
+                                           prompt_length=prompt_length, chunk_size=chunk_size)
+
+
 class AdamWStochasticRounding(torch.optim.Optimizer):
     """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding.
 
@@ -713,6 +735,8 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                 weight = p.float()
                 weight.mul_(1 - group["lr"] * group["weight_decay"])
                 weight.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / bias1)
+                if hasattr(p, "to_local"):          # an FSDP shard: round this process's part of the tensor
+                    p, weight = p.to_local(), weight.to_local()
                 p.copy_(stochastic_round_to_bf16(weight) if p.dtype == torch.bfloat16 else weight)
         return None
 
@@ -770,55 +794,71 @@ def micro_batches(rollout: Rollout, size: int):
         yield rows, used
 
 
-def micro_batch_weight(mask_mb, mask_all, loss_agg):
-    """Scale of one micro-batch's loss so that the accumulated gradient equals the full batch's."""
+def micro_batch_weight(mask_mb, mask_all, loss_agg, tokens_all=None, world_size=1):
+    """Scale of one micro-batch's loss so that the accumulated gradient equals the full batch's.
+
+    Under torchrun the gradient is also averaged over processes; for token-mean that average must be over all
+    processes' tokens (tokens_all), not a mean of per-process means.
+    """
     if loss_agg == "token-mean":
-        return mask_mb.sum().item() / max(mask_all.sum().item(), 1)
+        total = mask_all.sum().item() if tokens_all is None else tokens_all
+        return world_size * mask_mb.sum().item() / max(total, 1)
     return mask_mb.shape[0] / mask_all.shape[0]                              # means over rows
 
 
-def micro_batch_logprobs(model, rollout: Rollout, rows: slice, used: int, cfg: Config) -> torch.Tensor:
+def micro_batch_logprobs(scorer, rollout: Rollout, rows: slice, used: int, cfg: Config) -> torch.Tensor:
     """[rows, used] log-probs of one micro-batch: the same call for policy, old policy and reference."""
-    return compute_logprobs_from_model(model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
-                                       temperature=cfg.temperature, prompt_length=rollout.prompt_length,
-                                       chunk_size=cfg.logprob_chunk_size)
+    return scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used], rollout.prompt_length,
+                  cfg.temperature, cfg.logprob_chunk_size)
 
 
-def rollout_logprobs(model, rollout: Rollout, cfg: Config) -> torch.Tensor:
+def rollout_logprobs(scorer, rollout: Rollout, cfg: Config) -> torch.Tensor:
     """Log-probs of a whole rollout without gradient (old policy or reference), micro-batch by micro-batch."""
     out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
-    with inference_mode(model):
+    with inference_mode(scorer):
         for rows, used in micro_batches(rollout, cfg.micro_batch_size):
-            out[rows, :used] = micro_batch_logprobs(model, rollout, rows, used, cfg)
+            out[rows, :used] = micro_batch_logprobs(scorer, rollout, rows, used, cfg)
     return out
 
 
-def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None) -> dict:
-    """`cfg.ppo_epochs` clipped policy-gradient steps on one rollout, gradients accumulated over micro-batches."""
+def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None, *, scorer=None) -> dict:
+    """`cfg.ppo_epochs` clipped policy-gradient steps on one rollout, gradients accumulated over micro-batches.
+
+    scorer: the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun (then gradients are averaged over
+    processes once per step, on the last micro-batch).
+    """
+    scorer = scorer or PolicyLogprobs(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    old = rollout_logprobs(model, rollout, cfg) if cfg.ppo_epochs > 1 else None
-    ref = rollout_logprobs(ref_model, rollout, cfg) if ref_model is not None and cfg.kl_coef > 0 else None
+    old = rollout_logprobs(scorer, rollout, cfg) if cfg.ppo_epochs > 1 else None
+    ref = rollout_logprobs(PolicyLogprobs(ref_model), rollout, cfg) if ref_model is not None and cfg.kl_coef > 0 \
+        else None
+    (tokens_all,) = all_reduce(rollout.loss_mask.sum().item())
+    chunks = list(micro_batches(rollout, cfg.micro_batch_size))
     stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0}
     for _ in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         epoch_loss = 0.0
-        for rows, used in micro_batches(rollout, cfg.micro_batch_size):
-            mask = rollout.loss_mask[rows, :used]
-            logprobs = micro_batch_logprobs(model, rollout, rows, used, cfg)                  # [rows, used]
-            old_lp = logprobs.detach() if old is None else old[rows, :used]
-            loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device), mask,
-                                                 cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
-                                                 num_tokens=cfg.max_new_tokens, return_stats=True)
-            weight = micro_batch_weight(mask, rollout.loss_mask, cfg.loss_agg)
-            if ref is not None:
-                kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
-                loss = loss + cfg.kl_coef * kl
-                stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
-            (loss * weight).backward()
+        for i, (rows, used) in enumerate(chunks):
+            with gradient_sync(scorer, enabled=i == len(chunks) - 1):
+                mask = rollout.loss_mask[rows, :used]
+                logprobs = micro_batch_logprobs(scorer, rollout, rows, used, cfg)                # [rows, used]
+                old_lp = logprobs.detach() if old is None else old[rows, :used]
+                loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device),
+                                                     mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+                                                     loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens,
+                                                     return_stats=True)
+                weight = micro_batch_weight(mask, rollout.loss_mask, cfg.loss_agg, tokens_all, world()[1])
+                if ref is not None:
+                    kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
+                    loss = loss + cfg.kl_coef * kl
+                    stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
+                (loss * weight).backward()
             epoch_loss += weight * loss.item()
             stats["clipfrac"] += weight * mb_stats["clipfrac"] / cfg.ppo_epochs
             stats["approx_kl"] += weight * mb_stats["approx_kl"] / cfg.ppo_epochs
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+        epoch_loss = all_reduce(epoch_loss)[0] / world()[1]         # every process decides the same skip
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         if not (math.isfinite(epoch_loss) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)        # a non-finite step is never applied
             stats["skipped"] += 1
@@ -828,6 +868,8 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None)
         stats["loss"] += epoch_loss / cfg.ppo_epochs
         stats["grad_norm"] += grad_norm / cfg.ppo_epochs
     optimizer.zero_grad(set_to_none=True)
+    keys = ("clipfrac", "approx_kl", "kl_ref")
+    stats.update(zip(keys, (v / world()[1] for v in all_reduce(*(stats[k] for k in keys)))))
     return stats
 
 
@@ -840,6 +882,9 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             size = getattr(cfg, knob)
+            if world()[1] > 1:       # processes cannot each halve on their own without falling out of step
+                raise UserError(f"out of GPU memory under torchrun: lower --{knob.replace('_', '-')} (now {size})") \
+                    from None
             floor = cfg.group_size if knob == "generation_batch_size" else 1
             if size <= floor:
                 raise UserError(f"out of GPU memory even at --{knob.replace('_', '-')} {size}: lower --max-new-tokens,"
@@ -853,7 +898,7 @@ def step_record(step: int, epoch: int, rollout: Rollout, stats: dict, cfg: Confi
                 gen_seconds: float, update_seconds: float) -> dict:
     grouped = rollout.rewards.view(-1, cfg.group_size)
     lengths = rollout.completion_lengths.float()
-    record = {"step": step, "epoch": epoch, "reward_mean": rollout.rewards.mean().item(),
+    record = {"step": step, "epoch": epoch, "samples": len(rollout.rewards), "reward_mean": rollout.rewards.mean().item(),
               "reward_std": rollout.rewards.std().item(),
               "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
               **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped")},
@@ -877,20 +922,23 @@ class TrainingInterrupted(Exception):
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, task: Task | None = None, ref_model=None,
                scheduler=None, on_step: Callable[[dict], None] | None = None, start_step=0, start_epoch=0,
-               skip_batches=0, stop_flag: Callable[[], bool] | None = None):
+               skip_batches=0, stop_flag: Callable[[], bool] | None = None, scorer=None):
     """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update.
 
     Returns the per-step history (list of dicts). on_step(record) is called after each step (logging,
     checkpoints); stop_flag() is polled between steps and raises TrainingInterrupted when it turns true.
+    scorer: the DDP/FSDP-wrapped PolicyLogprobs under torchrun; then records hold all processes' samples.
     """
     cfg = dataclasses.replace(cfg or Config(max_steps=0), num_epochs=num_epochs, group_size=group_size,
                               clip_eps=clip_eps, max_new_tokens=max_new_tokens)
     task = task or TASKS[cfg.task]
+    scorer = scorer or PolicyLogprobs(model)
     history, step = [], start_step
     model.train()
     from tqdm.auto import tqdm
     total = cfg.max_steps or num_epochs * len(train_loader)
-    with tqdm(total=total, initial=start_step, desc="GRPO", dynamic_ncols=True, disable=None) as bar:
+    with tqdm(total=total, initial=start_step, desc="GRPO", dynamic_ncols=True, disable=None if is_main() else True) \
+            as bar:
         for epoch in range(start_epoch, num_epochs):
             set_epoch = getattr(getattr(train_loader, "sampler", None), "set_epoch", None) or \
                 getattr(train_loader, "set_epoch", None)
@@ -902,35 +950,44 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                 if cfg.max_steps and step >= cfg.max_steps:
                     return history
                 t0 = time.perf_counter()
-                rollout = halve_on_oom(cfg, "generation_batch_size",
-                                       lambda: collect_rollout(model, tokenizer, batch, cfg, device, task))
+                with full_weights(scorer):
+                    rollout = halve_on_oom(cfg, "generation_batch_size",
+                                           lambda: collect_rollout(model, tokenizer, batch, cfg, device, task))
                 t1 = time.perf_counter()
                 stats = halve_on_oom(cfg, "micro_batch_size",
-                                     lambda: grpo_update(model, optimizer, rollout, cfg, ref_model))
+                                     lambda: grpo_update(model, optimizer, rollout, cfg, ref_model, scorer=scorer))
                 t2 = time.perf_counter()
                 lr = optimizer.param_groups[0]["lr"]
                 if scheduler is not None:
                     scheduler.step()
                 step += 1
-                record = step_record(step, epoch, rollout, stats, cfg, lr, t1 - t0, t2 - t1)
+                gen_seconds, update_seconds = all_reduce(t1 - t0, t2 - t1, op="max")
+                record = step_record(step, epoch, gather_rollout_stats(rollout), stats, cfg, lr, gen_seconds,
+                                     update_seconds)
                 record["batch_in_epoch"] = index + 1
+                if cfg.check_replicas:
+                    record["weight_checksum"] = check_replicas(model, step)
                 history.append(record)
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}")
                 if on_step:
                     on_step(record)
-                if stop_flag and stop_flag():
+                if stop_flag and all_reduce(float(stop_flag()), op="max")[0]:     # every process stops together
                     raise TrainingInterrupted(step)
     return history
 
 
 def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval") -> tuple[dict, list[dict]]:
-    """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
+    """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem.
+
+    Under torchrun each process answers every world-size-th problem and all records are gathered, in order.
+    """
     from tqdm.auto import tqdm
-    loader = DataLoader(dataset, batch_size=cfg.eval_batch_size, shuffle=False,
-                        collate_fn=lambda b: collate_prompts(b, tokenizer))
+    rank, world_size = world()
+    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)),
+                        batch_size=cfg.eval_batch_size, shuffle=False, collate_fn=lambda b: collate_prompts(b, tokenizer))
     records = []
-    for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):
+    for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None if rank == 0 else True):
         out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(    # halving splits the batch
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
@@ -939,6 +996,8 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
                             "extracted": dataset.task.extract(completion),
                             "correct": dataset.task.reward(completion, gold) == 1.0,
                             "well_formed": bool(dataset.task.well_formed(completion))})
+    shards = gather_objects(records)
+    records = [shards[i % world_size][i // world_size] for i in range(len(dataset))]
     n = max(len(records), 1)
     return ({"accuracy": sum(r["correct"] for r in records) / n,
              "format_rate": sum(r["well_formed"] for r in records) / n}, records)
@@ -965,20 +1024,56 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict) -> Path:
-    """Everything needed to continue bit-for-bit, written to a temp dir and renamed into place."""
+def save_model(path: Path, model, tokenizer, scorer=None) -> None:
+    """save_pretrained on the main process; under FSDP the shards are first gathered there."""
+    state = None
+    if hasattr(scorer, "unshard"):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = {k.removeprefix("policy."): v for k, v in full.items()}
+    if is_main():
+        model.save_pretrained(path, state_dict=state)
+        tokenizer.save_pretrained(path)
+
+
+def optimizer_state(scorer, optimizer) -> dict:
+    """The optimizer's state, whole on the main process (FSDP holds one shard per process)."""
+    if not hasattr(scorer, "unshard"):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    return get_optimizer_state_dict(scorer, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(scorer, optimizer, state: dict) -> None:
+    if not hasattr(scorer, "unshard"):
+        return optimizer.load_state_dict(state)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    set_optimizer_state_dict(scorer, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None) -> Path:
+    """Everything needed to continue bit-for-bit, written to a temp dir and renamed into place.
+
+    Under torchrun every process takes part (FSDP gathers, every process's sampling RNG is kept) and the main
+    process writes. scorer: the policy's PolicyLogprobs as wrapped for the processes.
+    """
     final = run_dir / "checkpoints" / f"step-{record['step']}"
     tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "step": record["step"], "epoch": record["epoch"], "batch_in_epoch": record["batch_in_epoch"],
-                "rng": {"python": random.getstate(), "torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}},
-               tmp / "trainer_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    if is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+    save_model(tmp, model, tokenizer, scorer)
+    state = {"optimizer": optimizer_state(scorer, optimizer), "scheduler": scheduler.state_dict(),
+             "step": record["step"], "epoch": record["epoch"], "batch_in_epoch": record["batch_in_epoch"],
+             "rng": gather_objects(rng_state())}                                # one per process, by rank
+    if is_main():
+        torch.save(state, tmp / "trainer_state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
     return final
 
 
@@ -1074,10 +1169,134 @@ def _mark(record: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Several processes: `torchrun --nproc_per_node=N grpo_homework.py ...` runs one copy per device. Every helper
+# below is a no-op in a single process, so nothing changes without torchrun.
+# ---------------------------------------------------------------------------------------------------------------
+
+def world() -> tuple[int, int]:
+    """(this process's rank, number of processes)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main() -> bool:
+    """Only the main process writes files and prints progress."""
+    return world()[0] == 0
+
+
+def init_distributed(device_name: str) -> None:
+    """Join the process group torchrun describes in the environment: nccl between GPUs, gloo between CPUs."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return
+    on_gpu = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    if not is_main():
+        sys.stdout = open(os.devnull, "w")     # one copy of the progress lines; warnings still reach stderr
+
+
+def all_reduce(*values: float, op: str = "sum") -> list[float]:
+    """Sum (or max) of each value over processes."""
+    if world()[1] == 1:
+        return list(values)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def gather_objects(obj) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on every process."""
+    if world()[1] == 1:
+        return [obj]
+    out = [None] * world()[1]
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_rollout_stats(rollout: Rollout) -> Rollout:
+    """The rollout as step_record sees it: rewards, lengths and truncation of every process's groups."""
+    if world()[1] == 1:
+        return rollout
+    shards = gather_objects((rollout.rewards.cpu(), rollout.completion_lengths, rollout.truncated))
+    rewards, lengths, truncated = (torch.cat(parts) for parts in zip(*shards))
+    return dataclasses.replace(rollout, rewards=rewards, completion_lengths=lengths, truncated=truncated)
+
+
+def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """DDP (a replica per process, gradients averaged) or FSDP (weights, gradients, optimizer state sharded).
+
+    DDP broadcasts rank 0's weights at construction, so every replica starts identical.
+    """
+    if world()[1] == 1:
+        return scorer
+    if cfg.parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        for layer in getattr(scorer.policy.base_model, "layers", []):
+            fully_shard(layer)
+        fully_shard(scorer)
+        with torch.no_grad():     # FSDP must first run through its root; generate() would enter at the layers
+            ones = torch.ones(1, 2, dtype=torch.long, device=device)
+            scorer(ones, ones, 1, 1.0, cfg.logprob_chunk_size)
+        scorer.reshard()          # the root stays gathered after a forward; the optimizer must see the shards
+        return scorer
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None,
+                                   broadcast_buffers=False)    # rotary tables are constants, not state
+
+
+def gradient_sync(scorer, enabled: bool):
+    """Skip the gradient all-reduce on all but the last micro-batch of a step (accumulate locally first)."""
+    if enabled:
+        return contextlib.nullcontext()
+    if hasattr(scorer, "no_sync"):                       # DDP
+        return scorer.no_sync()
+    if hasattr(scorer, "set_requires_gradient_sync"):    # FSDP
+        return _fsdp_no_sync(scorer)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(scorer):
+    scorer.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        scorer.set_requires_gradient_sync(True)
+
+
+@contextlib.contextmanager
+def full_weights(scorer):
+    """Under FSDP, gather the whole model while generate() or save_pretrained() use it; no-op otherwise."""
+    if not hasattr(scorer, "unshard"):
+        yield
+        return
+    scorer.unshard()
+    try:
+        yield
+    finally:
+        scorer.reshard()
+
+
+def check_replicas(model, step: int) -> float:
+    """A weight checksum, compared across processes; UserError if any process holds other weights."""
+    local = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    sums = torch.stack([torch.stack([t.detach().double().sum(), t.detach().double().square().sum()]) for t in local])
+    checksums = gather_objects(sums.cpu())
+    if any(not torch.equal(c, checksums[0]) for c in checksums):
+        raise UserError(f"--check-replicas: the processes' weights differ after step {step}")
+    return sums[:, 0].sum().item()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Part 5: main
 # ---------------------------------------------------------------------------------------------------------------
 
 def pick_device(name: str) -> torch.device:
+    if world()[1] > 1 and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))          # torchrun: one GPU per process
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -1129,8 +1348,9 @@ def split_name(name: str, size: int) -> str:
 
 
 def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
+    """Under torchrun each process samples from its own stream (seed + rank); data order is seeded apart."""
+    random.seed(seed + world()[0])
+    torch.manual_seed(seed + world()[0])
 
 
 def print_examples(before: list[dict], after: list[dict], count: int) -> None:
@@ -1147,7 +1367,8 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     run_dir = Path(cfg.output_dir)
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
@@ -1171,16 +1392,20 @@ def run_training(cfg: Config, resume_from: Path | None = None) -> dict:
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
     model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
+    scorer = wrap_for_processes(PolicyLogprobs(model), cfg, device)
 
     print("Loading dataset...")
     train_set = GSM8KDataset(split_name("train", cfg.train_size), tokenizer, cfg.max_prompt_length,
                              dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
     eval_set = GSM8KDataset(split_name("test", cfg.eval_size), tokenizer, cfg.max_prompt_length,
                             dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-    if len(train_set) < cfg.batch_size:
-        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size}")
+    rank, world_size = world()
+    if len(train_set) < cfg.batch_size * world_size:
+        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
+                        f"{world_size} processes")
     run_dir = prepare_run_dir(cfg, resume=checkpoint is not None)
-    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer))
+    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer),
+                          rank=rank, world_size=world_size)
 
     print("Setting up optimizer...")
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
@@ -1191,43 +1416,54 @@ def run_training(cfg: Config, resume_from: Path | None = None) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     if checkpoint is not None:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
+        if len(state["rng"]) != world_size:
+            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
+                            f"(now {world_size}), or the data and samples would not continue where they stopped")
+        load_optimizer_state(scorer, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        random.setstate(state["rng"]["python"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        rng = state["rng"][rank]
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
         start = {k: state[k] for k in start}
-        write_jsonl(run_dir / "metrics.jsonl",
-                    [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
+        if is_main():
+            write_jsonl(run_dir / "metrics.jsonl",
+                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
         print(f"Resuming from {checkpoint} (step {start['step']})")
-    write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv,
-                                         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                                                      "transformers": transformers.__version__}})
+    if is_main():
+        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
+                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                                          "transformers": transformers.__version__}})
 
     t_start = time.perf_counter() - summary.get("wall_seconds", 0.0) if checkpoint else time.perf_counter()
     if "accuracy_before" in summary and (run_dir / "eval_before.jsonl").exists():
         before, before_records = summary["before"], read_jsonl(run_dir / "eval_before.jsonl")
     else:
-        before, before_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval before")
-        write_jsonl(run_dir / "eval_before.jsonl", before_records)
+        with full_weights(scorer):
+            before, before_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval before")
+        if is_main():
+            write_jsonl(run_dir / "eval_before.jsonl", before_records)
     print(f"Accuracy before training: {before['accuracy']:.2%} ({len(before_records)} test problems, "
           f"format {before['format_rate']:.0%})")
     summary = {"accuracy_before": before["accuracy"], "before": before, "steps": start["step"],
                "wall_seconds": time.perf_counter() - t_start, "finished": False}
-    write_json(run_dir / "summary.json", summary)
+    if is_main():
+        write_json(run_dir / "summary.json", summary)
 
-    metrics_file = open(run_dir / "metrics.jsonl", "a")
+    metrics_file = open(run_dir / "metrics.jsonl", "a") if is_main() else None
     last = {"record": None}
 
     def on_step(record: dict) -> None:
+        last["record"] = record
+        if cfg.save_every and record["step"] % cfg.save_every == 0:
+            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, record, scorer)
+        if not is_main():
+            return
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
-        last["record"] = record
         summary.update(steps=record["step"], wall_seconds=time.perf_counter() - t_start)
         write_json(run_dir / "summary.json", summary)
-        if cfg.save_every and record["step"] % cfg.save_every == 0:
-            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, record)
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
             write_plots(run_dir)
 
@@ -1235,61 +1471,71 @@ def run_training(cfg: Config, resume_from: Path | None = None) -> dict:
     stop = {"asked": False}
 
     def ask_stop(signum, frame):
-        if stop["asked"]:
+        if stop["asked"] and time.monotonic() - stop["asked"] > 2:   # torchrun repeats the first Ctrl-C at once
             raise KeyboardInterrupt
-        stop["asked"] = True
-        print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
+        if not stop["asked"]:
+            stop["asked"] = time.monotonic()
+            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
 
     previous_handler = signal.signal(signal.SIGINT, ask_stop)
     try:
         train_grpo(model, tokenizer, loader, optimizer, device, cfg.num_epochs, cfg.group_size, cfg.clip_eps,
                    cfg.max_new_tokens, cfg=cfg, task=task, ref_model=ref_model, scheduler=scheduler, on_step=on_step,
                    start_step=start["step"], start_epoch=start["epoch"], skip_batches=start["batch_in_epoch"],
-                   stop_flag=lambda: stop["asked"])
+                   stop_flag=lambda: bool(stop["asked"]), scorer=scorer)
     except TrainingInterrupted:
         if last["record"] is not None:
-            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"])
-        write_plots(run_dir)
-        raise UserError(f"interrupted after step {summary['steps']}; resume with: "
-                        f"python {Path(sys.argv[0]).name} --resume {run_dir}") from None
+            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"], scorer)
+        if is_main():
+            write_plots(run_dir)
+        raise UserError(f"interrupted after step {last['record']['step'] if last['record'] else start['step']}; "
+                        f"resume with: python {Path(sys.argv[0]).name} --resume {run_dir}") from None
     finally:
         signal.signal(signal.SIGINT, previous_handler)
-        metrics_file.close()
+        if metrics_file:
+            metrics_file.close()
     if cfg.save_every and last["record"] is not None and last["record"]["step"] % cfg.save_every:
-        save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"])
+        save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"], scorer)
     print("Training completed!")
 
-    after, after_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval after")
-    write_jsonl(run_dir / "eval_after.jsonl", after_records)
+    with full_weights(scorer):
+        after, after_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval after")
     print(f"Accuracy before training: {before['accuracy']:.2%}")
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
     print_examples(before_records, after_records, cfg.show_examples)
-    model.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
+    save_model(run_dir / "final", model, tokenizer, scorer)
     summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
                    wall_seconds=time.perf_counter() - t_start)
-    write_json(run_dir / "summary.json", summary)
-    write_plots(run_dir)
-    write_before_after(run_dir)
+    if is_main():
+        write_jsonl(run_dir / "eval_after.jsonl", after_records)
+        write_json(run_dir / "summary.json", summary)
+        write_plots(run_dir)
+        write_before_after(run_dir)
     print(f"Run written to {run_dir}")
     return summary
 
 
 class SeededLoader:
-    """Shuffled prompt batches whose order depends only on (seed, epoch), so a resumed run sees the same data."""
+    """Shuffled prompt batches whose order depends only on (seed, epoch), so a resumed run sees the same data.
 
-    def __init__(self, dataset, batch_size, seed, collate_fn):
+    Under torchrun every process draws the same order and takes its own slice of each step's world_size x
+    batch_size prompts: N processes with batch b see exactly the prompts one process with batch N*b would.
+    """
+
+    def __init__(self, dataset, batch_size, seed, collate_fn, *, rank=0, world_size=1):
         self.dataset, self.batch_size, self.seed, self.collate_fn, self.epoch = dataset, batch_size, seed, collate_fn, 0
+        self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self):
-        return len(self.dataset) // self.batch_size
+        return len(self.dataset) // (self.batch_size * self.world_size)
 
     def __iter__(self):
         order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        step_size = self.batch_size * self.world_size
+        for start in range(self.rank * self.batch_size, len(self) * step_size, step_size):
             yield self.collate_fn([self.dataset[int(i)] for i in order[start:start + self.batch_size]])
 
 
@@ -1405,10 +1651,29 @@ def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, 
 
 
 def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
-    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk."""
+    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk.
+
+    Under torchrun the main process builds them while the others wait, then all train together.
+    """
     t0 = time.perf_counter()
     validate_config(cfg)
     run_dir = Path(cfg.output_dir)
+    steps = build_demo(cfg, demo, run_dir) if is_main() else 0
+    if world()[1] > 1:
+        dist.barrier()
+    summary = run_training(dataclasses.replace(cfg, model_path=str(run_dir / "demo_model"),
+                                               dataset=str(run_dir / "demo_data")))
+    summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
+    if is_main():
+        write_json(run_dir / "summary.json", summary)
+    print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
+          f"in {summary['demo_total_seconds']:.0f}s")
+    return summary
+
+
+def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
+    """Write RUN_DIR/demo_data (hub layout) and RUN_DIR/demo_model (warmed up); return the warm-up steps."""
+    t0 = time.perf_counter()
     if (run_dir / "demo_model").is_dir():      # an earlier demo: the demo always starts from scratch
         shutil.rmtree(run_dir)
     run_dir = prepare_run_dir(cfg, resume=False)
@@ -1416,7 +1681,7 @@ def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
     rng = random.Random(cfg.seed)
     test = addition_problems(demo.test_problems, rng)
     train = addition_problems(demo.train_problems, rng, exclude={p["question"] for p in test})
-    data_dir = write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
+    write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
     tokenizer = build_byte_tokenizer()
     model = build_tiny_model(tokenizer, cfg.seed, demo.hidden, demo.layers)
     steps = supervised_warmup(model, tokenizer, train[: len(train) // 2], demo, cfg.seed)
@@ -1424,12 +1689,7 @@ def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
           f"supervised steps in {time.perf_counter() - t0:.0f}s")
     model.save_pretrained(run_dir / "demo_model")
     tokenizer.save_pretrained(run_dir / "demo_model")
-    summary = run_training(dataclasses.replace(cfg, model_path=str(run_dir / "demo_model"), dataset=str(data_dir)))
-    summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
-    write_json(run_dir / "summary.json", summary)
-    print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
-          f"in {summary['demo_total_seconds']:.0f}s")
-    return summary
+    return steps
 
 
 def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
@@ -1450,6 +1710,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = parse_config(argv)
+        init_distributed(cfg.device)
         if args.report:
             run_dir = Path(args.report)
             if not (run_dir / "metrics.jsonl").is_file():
@@ -1463,6 +1724,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

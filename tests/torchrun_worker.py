@@ -1,0 +1,76 @@
+"""Run under `torchrun --nproc_per_node=2` by test_torchrun.py; not a test module itself.
+
+update OUT PARALLEL: one grpo_update on fixed rollouts (2 prompts x group 4), each process holding one prompt's
+    group; rank 0 saves the weights after an SGD step of lr 1 (so weights moved by exactly minus the averaged
+    gradient) for each loss reduction.
+desync OUT: perturb rank 1's weights and check that check_replicas notices.
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpo_homework as gh  # noqa: E402
+
+GROUP = 4
+
+
+def fixed_rollout(tokenizer) -> gh.Rollout:
+    """Two prompts (one left-padded) x 4 completions of different lengths, fixed rewards."""
+    g = torch.Generator().manual_seed(0)
+    rows, prompt_len, new = 2 * GROUP, 5, 6
+    ids = torch.randint(3, len(tokenizer), (rows, prompt_len + new), generator=g)
+    attention = torch.ones_like(ids)
+    attention[GROUP:, :2] = 0                                        # the second prompt is shorter
+    ids[GROUP:, :2] = tokenizer.pad_token_id
+    lengths = torch.tensor([6, 2, 4, 1, 3, 6, 5, 2])
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for r, n in enumerate(lengths.tolist()):
+        loss_mask[r, prompt_len:prompt_len + n] = True
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    return gh.Rollout(ids, attention, loss_mask, prompt_len, [""] * rows, rewards,
+                      gh.compute_advantages_grpo(rewards, GROUP), torch.zeros(rows, dtype=torch.bool), lengths)
+
+
+def take_rows(rollout: gh.Rollout, rows: slice) -> gh.Rollout:
+    return gh.Rollout(rollout.output_ids[rows], rollout.attention_mask[rows], rollout.loss_mask[rows],
+                      rollout.prompt_length, rollout.completions[rows], rollout.rewards[rows],
+                      rollout.advantages[rows], rollout.truncated[rows], rollout.completion_lengths[rows])
+
+
+def update_once(loss_agg: str, parallel: str, rows: slice | None = None) -> dict:
+    """Weights after one step from the shared start, on all rows (one process) or on this rank's rows."""
+    tokenizer = gh.build_byte_tokenizer()
+    model = gh.build_tiny_model(tokenizer, seed=0, hidden=32, layers=2)
+    cfg = gh.Config(loss_agg=loss_agg, parallel=parallel, micro_batch_size=3, max_new_tokens=6, max_grad_norm=1e9)
+    scorer = gh.wrap_for_processes(gh.PolicyLogprobs(model), cfg, torch.device("cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    rollout = fixed_rollout(tokenizer)
+    gh.grpo_update(model, optimizer, take_rows(rollout, rows) if rows else rollout, cfg, scorer=scorer)
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in model.named_parameters()}
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    gh.init_distributed("cpu")
+    rank, world = gh.world()
+    assert world == 2
+    if mode == "update":
+        result = {agg: update_once(agg, sys.argv[3], slice(rank * GROUP, (rank + 1) * GROUP))
+                  for agg in ("seq-mean", "token-mean")}
+        if rank == 0:
+            torch.save(result, out)
+    elif mode == "desync":
+        model = gh.build_tiny_model(gh.build_byte_tokenizer(), seed=0, hidden=32, layers=2)
+        gh.check_replicas(model, 0)                                   # identical: passes
+        if rank == 1:
+            with torch.no_grad():
+                next(model.parameters())[0, 0] += 1e-3
+        try:
+            gh.check_replicas(model, 1)
+        except gh.UserError as e:
+            if rank == 0:
+                out.write_text(str(e))
+    gh.dist.destroy_process_group()
