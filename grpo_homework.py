@@ -22,6 +22,7 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   over chunks of completion positions only, never over a full (sequences x positions x vocab) tensor.
 - Memory: gradient checkpointing on CUDA, update micro-batches with exact gradient accumulation, KV cache
   in generation.
+- Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
 
 Run:
     python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2 min)
@@ -29,6 +30,7 @@ Run:
     python grpo_homework.py MODEL_PATH --help          # every flag with its default
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
     python grpo_homework.py --resume RUN_DIR           # continue a run from its last checkpoint
+    torchrun --nproc_per_node=N grpo_homework.py MODEL_PATH [--parallel fsdp]   # N GPUs, data-parallel
 """
 
 from __future__ import annotations
@@ -1243,8 +1245,7 @@ def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device
         scorer.reshard()          # the root stays gathered after a forward; the optimizer must see the shards
         return scorer
     from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None,
-                                   broadcast_buffers=False)    # rotary tables are constants, not state
+    return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def gradient_sync(scorer, enabled: bool):

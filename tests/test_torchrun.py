@@ -35,11 +35,13 @@ def test_two_processes_with_one_prompt_each_equal_one_process_with_both(tmp_path
             torch.testing.assert_close(two_processes[loss_agg][name], weight, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_check_replicas_catches_processes_whose_weights_differ(tmp_path):
+def test_check_replicas_catches_differing_weights_and_oom_is_reported_not_retried(tmp_path):
     out = tmp_path / "caught.txt"
     result = torchrun(WORKER, "desync", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "weights differ after step 1" in out.read_text()
+    replicas, oom = out.read_text().splitlines()
+    assert "weights differ after step 1" in replicas
+    assert "under torchrun: lower --micro-batch-size (now 8)" in oom
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])

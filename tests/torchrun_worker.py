@@ -3,7 +3,8 @@
 update OUT PARALLEL: one grpo_update on fixed rollouts (2 prompts x group 4), each process holding one prompt's
     group; rank 0 saves the weights after an SGD step of lr 1 (so weights moved by exactly minus the averaged
     gradient) for each loss reduction.
-desync OUT: perturb rank 1's weights and check that check_replicas notices.
+desync OUT: perturb rank 1's weights and check that check_replicas notices; an out-of-memory error is not
+    retried at a smaller size under torchrun (processes would fall out of step) but reported.
 """
 import sys
 from pathlib import Path
@@ -72,5 +73,13 @@ if __name__ == "__main__":
             gh.check_replicas(model, 1)
         except gh.UserError as e:
             if rank == 0:
-                out.write_text(str(e))
+                out.write_text(str(e) + "\n")
+
+        def out_of_memory():
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        try:
+            gh.halve_on_oom(gh.Config(micro_batch_size=8), "micro_batch_size", out_of_memory)
+        except gh.UserError as e:
+            if rank == 0:
+                out.write_text(out.read_text() + str(e))
     gh.dist.destroy_process_group()
