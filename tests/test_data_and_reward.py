@@ -145,6 +145,19 @@ def test_countdown_reward(text, expected):
     assert gh.reward_fn(text, NUMS) == expected
 
 
+def test_countdown_handout_example():
+    # The Countdown handout's prompt: "For example, numbers = [1, 2, 3, 4] and target = 5, the answer is
+    # <answer>(1 + 2) * 3 - 4</answer>."
+    example = {"numbers": [1, 2, 3, 4], "target": 5}
+    text = "<think>3 * 3 = 9, minus 4</think> <answer>(1 + 2) * 3 - 4</answer>"
+    assert gh._extract_answer(text) == "(1 + 2) * 3 - 4"
+    assert gh._validate_numbers("(1 + 2) * 3 - 4", example["numbers"]) is True
+    assert gh._evaluate_equation("(1 + 2) * 3 - 4") == 5.0
+    assert gh.reward_fn(text, example) == 1.0
+    assert gh.reward_fn("<answer>(1 + 2) * 3 + 4</answer>", example) == 0.1
+    assert gh.reward_fn("(1 + 2) * 3 - 4", example) == 0.0
+
+
 def test_countdown_helpers():
     assert gh._extract_answer("x <answer> 1+2 </answer>") == "1+2"
     assert gh._extract_answer("<answer>1+2") is None
