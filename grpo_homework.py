@@ -1248,24 +1248,20 @@ def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device
     return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+@contextlib.contextmanager
 def gradient_sync(scorer, enabled: bool):
     """Skip the gradient all-reduce on all but the last micro-batch of a step (accumulate locally first)."""
-    if enabled:
-        return contextlib.nullcontext()
-    if hasattr(scorer, "no_sync"):                       # DDP
-        return scorer.no_sync()
-    if hasattr(scorer, "set_requires_gradient_sync"):    # FSDP
-        return _fsdp_no_sync(scorer)
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(scorer):
-    scorer.set_requires_gradient_sync(False)
-    try:
+    if enabled or world()[1] == 1:
         yield
-    finally:
-        scorer.set_requires_gradient_sync(True)
+    elif hasattr(scorer, "no_sync"):                     # DDP
+        with scorer.no_sync():
+            yield
+    else:                                                # FSDP
+        scorer.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            scorer.set_requires_gradient_sync(True)
 
 
 @contextlib.contextmanager
