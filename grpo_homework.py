@@ -1029,7 +1029,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def save_model(path: Path, model, tokenizer, scorer=None) -> None:
     """save_pretrained on the main process; under FSDP the shards are first gathered there."""
     state = None
-    if hasattr(scorer, "unshard"):
+    if is_sharded(scorer):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         full = get_model_state_dict(scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         state = {k.removeprefix("policy."): v for k, v in full.items()}
@@ -1040,14 +1040,14 @@ def save_model(path: Path, model, tokenizer, scorer=None) -> None:
 
 def optimizer_state(scorer, optimizer) -> dict:
     """The optimizer's state, whole on the main process (FSDP holds one shard per process)."""
-    if not hasattr(scorer, "unshard"):
+    if not is_sharded(scorer):
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
     return get_optimizer_state_dict(scorer, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_optimizer_state(scorer, optimizer, state: dict) -> None:
-    if not hasattr(scorer, "unshard"):
+    if not is_sharded(scorer):
         return optimizer.load_state_dict(state)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     set_optimizer_state_dict(scorer, optimizer, state, options=StateDictOptions(full_state_dict=True))
@@ -1209,6 +1209,11 @@ def all_reduce(*values: float, op: str = "sum") -> list[float]:
     return t.tolist()
 
 
+def is_sharded(scorer) -> bool:
+    """True for an FSDP-wrapped policy: its weights live in shards and must be gathered to be used whole."""
+    return hasattr(scorer, "unshard")
+
+
 def gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, ...] on every process."""
     if world()[1] == 1:
@@ -1267,7 +1272,7 @@ def gradient_sync(scorer, enabled: bool):
 @contextlib.contextmanager
 def full_weights(scorer):
     """Under FSDP, gather the whole model while generate() or save_pretrained() use it; no-op otherwise."""
-    if not hasattr(scorer, "unshard"):
+    if not is_sharded(scorer):
         yield
         return
     scorer.unshard()
@@ -1718,6 +1723,8 @@ def main(argv: list[str] | None = None) -> int:
             run_demo(cfg)
         else:
             run_training(cfg, resume_from=Path(args.resume) if args.resume else None)
+        if world()[1] > 1:
+            dist.barrier()      # no process tears the group down while another still has work in flight
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -82,4 +82,5 @@ if __name__ == "__main__":
         except gh.UserError as e:
             if rank == 0:
                 out.write_text(out.read_text() + str(e))
+    gh.dist.barrier()
     gh.dist.destroy_process_group()
