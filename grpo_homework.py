@@ -796,16 +796,15 @@ def micro_batches(rollout: Rollout, size: int):
         yield rows, used
 
 
-def micro_batch_weight(mask_mb, mask_all, loss_agg, tokens_all=None, world_size=1):
+def micro_batch_weight(mask_mb, rows_all: int, tokens_all: float, loss_agg: str, world_size: int = 1) -> float:
     """Scale of one micro-batch's loss so that the accumulated gradient equals the full batch's.
 
-    Under torchrun the gradient is also averaged over processes; for token-mean that average must be over all
-    processes' tokens (tokens_all), not a mean of per-process means.
+    Under torchrun the gradient is also averaged over processes, so token-mean divides by every process's
+    tokens (tokens_all), not by this process's alone.
     """
     if loss_agg == "token-mean":
-        total = mask_all.sum().item() if tokens_all is None else tokens_all
-        return world_size * mask_mb.sum().item() / max(total, 1)
-    return mask_mb.shape[0] / mask_all.shape[0]                              # means over rows
+        return world_size * mask_mb.sum().item() / max(tokens_all, 1)
+    return mask_mb.shape[0] / rows_all                                       # means over rows
 
 
 def micro_batch_logprobs(scorer, rollout: Rollout, rows: slice, used: int, cfg: Config) -> torch.Tensor:
@@ -849,7 +848,7 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
                                                      mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
                                                      loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens,
                                                      return_stats=True)
-                weight = micro_batch_weight(mask, rollout.loss_mask, cfg.loss_agg, tokens_all, world()[1])
+                weight = micro_batch_weight(mask, len(rollout.loss_mask), tokens_all, cfg.loss_agg, world()[1])
                 if ref is not None:
                     kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
                     loss = loss + cfg.kl_coef * kl
