@@ -1208,11 +1208,6 @@ def all_reduce(*values: float, op: str = "sum") -> list[float]:
     return t.tolist()
 
 
-def is_sharded(scorer) -> bool:
-    """True for an FSDP-wrapped policy: its weights live in shards and must be gathered to be used whole."""
-    return hasattr(scorer, "unshard")
-
-
 def gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, ...] on every process."""
     if world()[1] == 1:
@@ -1268,9 +1263,14 @@ def gradient_sync(scorer, enabled: bool):
             scorer.set_requires_gradient_sync(True)
 
 
+def is_sharded(scorer) -> bool:
+    """True for an FSDP-wrapped policy: its weights live in shards and must be gathered to be used whole."""
+    return hasattr(scorer, "unshard")
+
+
 @contextlib.contextmanager
 def full_weights(scorer):
-    """Under FSDP, gather the whole model while generate() or save_pretrained() use it; no-op otherwise."""
+    """Under FSDP, gather the whole model while generate() uses it; no-op otherwise."""
     if not is_sharded(scorer):
         yield
         return
