@@ -40,10 +40,15 @@ def take_rows(rollout: gh.Rollout, rows: slice) -> gh.Rollout:
                       rollout.advantages[rows], rollout.truncated[rows], rollout.completion_lengths[rows])
 
 
+def tiny_policy():
+    """The shared start: the same tokenizer and weights in every process."""
+    tokenizer = gh.build_byte_tokenizer()
+    return tokenizer, gh.build_tiny_model(tokenizer, seed=0, hidden=32, layers=2)
+
+
 def update_once(loss_agg: str, parallel: str, rows: slice | None = None) -> dict:
     """Weights after one step from the shared start, on all rows (one process) or on this rank's rows."""
-    tokenizer = gh.build_byte_tokenizer()
-    model = gh.build_tiny_model(tokenizer, seed=0, hidden=32, layers=2)
+    tokenizer, model = tiny_policy()
     cfg = gh.Config(loss_agg=loss_agg, parallel=parallel, micro_batch_size=3, max_new_tokens=6, max_grad_norm=1e9)
     scorer = gh.wrap_for_processes(gh.PolicyLogprobs(model), cfg, torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -64,7 +69,7 @@ if __name__ == "__main__":
         if rank == 0:
             torch.save(result, out)
     elif mode == "desync":
-        model = gh.build_tiny_model(gh.build_byte_tokenizer(), seed=0, hidden=32, layers=2)
+        _, model = tiny_policy()
         gh.check_replicas(model, 0)                                   # identical: passes
         if rank == 1:
             with torch.no_grad():
