@@ -785,6 +785,27 @@ def collect_rollout(model, tokenizer, batch, cfg: Config, device, task: Task) ->
                    sample["completion_lengths"].cpu())
 
 
+def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
+    """The rollout less its rows with advantage 0, whose clipped surrogate and gradient are exactly 0.
+
+    Groups whose samples all got the same reward are common (all right, once the policy is good); leaving them
+    out of the update saves their forward and backward and changes nothing else, since the loss is still
+    normalized by the full batch. Not with a KL penalty, which pulls on every row. A process with no such row
+    keeps them all, so that under torchrun it still joins the gradient average.
+    """
+    keep = rollout.advantages != 0                                          # [rows]
+    if cfg.kl_coef > 0 or keep.all() or not keep.any():
+        return rollout
+    rows = keep.nonzero().squeeze(1)
+    return Rollout(**{f.name: pick_rows(getattr(rollout, f.name), rows) for f in dataclasses.fields(Rollout)})
+
+
+def pick_rows(value, rows: torch.Tensor):
+    if isinstance(value, torch.Tensor):
+        return value[rows.to(value.device)]
+    return [value[i] for i in rows.tolist()] if isinstance(value, list) else value
+
+
 def micro_batches(rollout: Rollout, size: int):
     """Slices of rows, each trimmed to its last completion column (padding after every EOS costs nothing)."""
     for start in range(0, rollout.output_ids.shape[0], size):
@@ -830,11 +851,15 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     """
     scorer = scorer or PolicyLogprobs(model)
     params = [p for p in model.parameters() if p.requires_grad]
+    rows_all, (tokens_all,) = len(rollout.loss_mask), all_reduce(rollout.loss_mask.sum().item())
+    rollout = rows_with_signal(rollout, cfg)
     old = rollout_logprobs(scorer, rollout, cfg) if cfg.ppo_epochs > 1 else None
     ref = rollout_logprobs(PolicyLogprobs(ref_model), rollout, cfg) if ref_model is not None and cfg.kl_coef > 0 \
         else None
-    (tokens_all,) = all_reduce(rollout.loss_mask.sum().item())
     chunks = list(micro_batches(rollout, cfg.micro_batch_size))
+    weights = [micro_batch_weight(rollout.loss_mask[rows, :used], rows_all, tokens_all, cfg.loss_agg, world()[1])
+               for rows, used in chunks]
+    covered = sum(weights)                   # below 1 when rows were left out: stats average the rows trained on
     stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0}
     for _ in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
@@ -848,15 +873,15 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
                                                      mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
                                                      loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens,
                                                      return_stats=True)
-                weight = micro_batch_weight(mask, len(rollout.loss_mask), tokens_all, cfg.loss_agg, world()[1])
+                weight = weights[i]
                 if ref is not None:
                     kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
                     loss = loss + cfg.kl_coef * kl
                     stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
                 (loss * weight).backward()
             epoch_loss += weight * loss.item()
-            stats["clipfrac"] += weight * mb_stats["clipfrac"] / cfg.ppo_epochs
-            stats["approx_kl"] += weight * mb_stats["approx_kl"] / cfg.ppo_epochs
+            stats["clipfrac"] += weight / covered * mb_stats["clipfrac"] / cfg.ppo_epochs
+            stats["approx_kl"] += weight / covered * mb_stats["approx_kl"] / cfg.ppo_epochs
         epoch_loss = all_reduce(epoch_loss)[0] / world()[1]         # every process decides the same skip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()

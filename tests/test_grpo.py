@@ -270,6 +270,34 @@ def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_token
     assert torch.allclose(deltas[0], deltas[1], atol=1e-6) and torch.allclose(deltas[0], deltas[2], atol=1e-6)
 
 
+@pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
+def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model_and_tokenizer, loss_agg):
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, micro_batch_size=5)
+    rollout = _rollout(model, tok, cfg)
+    rollout.advantages[4:8] = 0.0                                      # one group whose rewards were all equal
+    start = [p.detach().clone() for p in model.parameters()]
+    # reference: the whole batch in one piece, straight from the TODO functions
+    lp = gh.compute_logprobs_from_model(model, rollout.output_ids, rollout.attention_mask,
+                                        prompt_length=rollout.prompt_length)
+    loss = gh.compute_policy_loss(lp, lp.detach(), rollout.advantages, rollout.loss_mask, loss_agg=loss_agg,
+                                  num_tokens=cfg.max_new_tokens)
+    torch.optim.SGD(model.parameters(), lr=1.0).zero_grad()
+    loss.backward()
+    expected = [(s - p.grad).clone() for p, s in zip(model.parameters(), start)]
+    for p, s in zip(model.parameters(), start):
+        p.data.copy_(s)
+    rows_seen = []
+    hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
+                                                 with_kwargs=True)
+    gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    hook.remove()
+    assert sum(rows_seen) == 8                                          # 12 rows, the zero group never ran
+    assert all(torch.allclose(p, e, atol=1e-6) for p, e in zip(model.parameters(), expected))
+    for p, s in zip(model.parameters(), start):
+        p.data.copy_(s)
+
+
 def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epochs(model_and_tokenizer):
     model, tok = model_and_tokenizer
     cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
