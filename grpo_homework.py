@@ -21,11 +21,12 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 on CPU. Log-softmax is taken in fp32
   over chunks of completion positions only, never over a full (sequences x positions x vocab) tensor.
 - Memory: gradient checkpointing on CUDA, update micro-batches with exact gradient accumulation, KV cache
-  in generation.
+  in generation. Rows with advantage 0 (groups whose rewards are all equal) skip the update's forward and
+  backward: their gradient is exactly 0 (unless a KL penalty is on).
 - Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
 
 Run:
-    python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2 min)
+    python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2.5 min)
     python grpo_homework.py MODEL_PATH                 # the homework run (GSM8K in ./gsm8k, 24 GB GPU)
     python grpo_homework.py MODEL_PATH --help          # every flag with its default
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
@@ -1569,14 +1570,15 @@ class SeededLoader:
 # The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU
 # ---------------------------------------------------------------------------------------------------------------
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# The demo's chat template keeps only the user's words: a 2-layer model cannot read the system instruction (the
+# warm-up teaches it the answer format instead), and every prompt token is paid for on each of the 8 samples.
+DEMO_CHAT_TEMPLATE = "{% for m in messages if m['role'] == 'user' %}{{ m['content'] }}\n{% endfor %}"
 NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
 ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]
 
 
-def build_byte_tokenizer():
-    """A byte-level BPE tokenizer (one token per byte) with Qwen's chat markup; pad is one of two EOS tokens.
+def build_byte_tokenizer(chat_template: str = DEMO_CHAT_TEMPLATE):
+    """A byte-level BPE tokenizer (one token per byte) with Qwen's special tokens; pad is one of two EOS tokens.
 
     Byte-level, because transformers may reload a qwen2 directory through Qwen2Tokenizer, which re-applies
     byte-level pre-tokenization: a byte vocabulary survives that, a character vocabulary would not.
@@ -1590,7 +1592,7 @@ def build_byte_tokenizer():
     core.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                         additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
@@ -1635,20 +1637,21 @@ class DemoConfig:
 
 def demo_grpo_config(cfg: Config) -> Config:
     """GRPO settings for the demo; a flag given on the command line still wins (see main)."""
-    return dataclasses.replace(cfg, prompt_style="plain", batch_size=16, group_size=8, max_new_tokens=8,
-                               learning_rate=5e-4, lr_warmup_steps=0, max_steps=400, num_epochs=10, generation_batch_size=128,
-                               micro_batch_size=128, eval_batch_size=300, plot_every=100, show_examples=5,
-                               device="cpu", dtype="float32", gradient_checkpointing="off", eval_size=0,
-                               train_size=0, output_dir="runs/demo")
+    return dataclasses.replace(cfg, prompt_style="chat", batch_size=16, group_size=8, max_new_tokens=8,
+                               learning_rate=5e-4, lr_warmup_steps=0, max_steps=1000, num_epochs=10,
+                               generation_batch_size=128, micro_batch_size=128, eval_batch_size=300, plot_every=100,
+                               show_examples=5, device="cpu", dtype="float32", gradient_checkpointing="off",
+                               eval_size=0, train_size=0, output_dir="runs/demo")
 
 
-def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, seed: int) -> int:
+def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, seed: int,
+                      prompt_style: str = "plain") -> int:
     """Teach the answer format on part of the training problems until the policy is partly competent.
 
     GRPO learns only from groups whose rewards differ, so a policy that is never right gets no signal; one
     that is always right has nothing left to learn. Stopping at `warmup_target` accuracy gives it room.
     """
-    prompts = [PLAIN_PROMPT.format(question=p["question"]) for p in problems]
+    prompts = [build_prompt(p["question"], tokenizer, prompt_style) for p in problems]
     targets = ["#### " + p["answer"].rsplit("####", 1)[1].strip() + tokenizer.eos_token for p in problems]
     optimizer = torch.optim.AdamW(model.parameters(), lr=demo.warmup_lr)
     probe = tokenizer.pad(tokenizer(prompts[:64]), padding_side="left", return_tensors="pt")
@@ -1710,7 +1713,7 @@ def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
     tokenizer = build_byte_tokenizer()
     model = build_tiny_model(tokenizer, cfg.seed, demo.hidden, demo.layers)
-    steps = supervised_warmup(model, tokenizer, train[: len(train) // 2], demo, cfg.seed)
+    steps = supervised_warmup(model, tokenizer, train[: len(train) // 2], demo, cfg.seed, cfg.prompt_style)
     print(f"demo: tiny Qwen2 ({sum(p.numel() for p in model.parameters()):,} parameters) warmed up for {steps} "
           f"supervised steps in {time.perf_counter() - t0:.0f}s")
     model.save_pretrained(run_dir / "demo_model")

@@ -32,9 +32,14 @@ def gsm8k_dir(tmp_path_factory):
     return gh.write_hub_dataset(tmp_path_factory.mktemp("gsm8k"), {"train": PROBLEMS, "test": PROBLEMS[:4]})
 
 
+QWEN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
-    return gh.build_byte_tokenizer()
+    """The demo's byte tokenizer with Qwen's chat markup, so that the chat path renders roles as Qwen does."""
+    return gh.build_byte_tokenizer(chat_template=QWEN_CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="session")
