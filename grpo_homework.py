@@ -791,13 +791,17 @@ def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
 
     Groups whose samples all got the same reward are common (all right, once the policy is good); leaving them
     out of the update saves their forward and backward and changes nothing else, since the loss is still
-    normalized by the full batch. Not with a KL penalty, which pulls on every row. A process with no such row
-    keeps them all, so that under torchrun it still joins the gradient average.
+    normalized by the full batch. Not with a KL penalty, which pulls on every row. Under torchrun every process
+    keeps as many rows as the one with the most signal (filling up with zero rows): FSDP gathers the weights on
+    every forward, so all processes must run the same number of micro-batches.
     """
-    keep = rollout.advantages != 0                                          # [rows]
-    if cfg.kl_coef > 0 or keep.all() or not keep.any():
+    if cfg.kl_coef > 0:
         return rollout
-    rows = keep.nonzero().squeeze(1)
+    keep = rollout.advantages != 0                                          # [rows]
+    (needed,) = all_reduce(keep.sum().item(), op="max")
+    if needed in (0, len(keep)):     # no signal anywhere (the step stays as before: Adam momentum), or no zeros
+        return rollout
+    rows = torch.cat([keep.nonzero(), (~keep).nonzero()[: int(needed) - int(keep.sum())]]).squeeze(1).sort().values
     return Rollout(**{f.name: pick_rows(getattr(rollout, f.name), rows) for f in dataclasses.fields(Rollout)})
 
 

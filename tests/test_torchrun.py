@@ -21,7 +21,7 @@ def torchrun(*args, timeout=300):
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_processes_with_one_prompt_each_equal_one_process_with_both(tmp_path, parallel):
+def test_two_processes_with_two_prompts_each_equal_one_process_with_all_four(tmp_path, parallel):
     out = tmp_path / "weights.pt"
     result = torchrun(WORKER, "update", str(out), parallel)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,7 +1,8 @@
 """Run under `torchrun --nproc_per_node=2` by test_torchrun.py; not a test module itself.
 
-update OUT PARALLEL: one grpo_update on fixed rollouts (2 prompts x group 4), each process holding one prompt's
-    group; rank 0 saves the weights after an SGD step of lr 1 (so weights moved by exactly minus the averaged
+update OUT PARALLEL: one grpo_update on fixed rollouts (4 prompts x group 4), each process holding two groups;
+    rank 0's second group and both of rank 1's have no reward spread, so rank 0 leaves one group out of the
+    update and rank 1 runs zero-advantage rows to keep in step; rank 0 saves the weights after an SGD step of lr 1 (so weights moved by exactly minus the averaged
     gradient) for each loss reduction.
 desync OUT: perturb rank 1's weights and check that check_replicas notices; an out-of-memory error is not
     retried at a smaller size under torchrun (processes would fall out of step) but reported.
@@ -18,18 +19,19 @@ GROUP = 4
 
 
 def fixed_rollout(tokenizer) -> gh.Rollout:
-    """Two prompts (one left-padded) x 4 completions of different lengths, fixed rewards."""
+    """Four prompts (two left-padded) x 4 completions of different lengths, fixed rewards; one group has spread."""
     g = torch.Generator().manual_seed(0)
-    rows, prompt_len, new = 2 * GROUP, 5, 6
+    rows, prompt_len, new = 4 * GROUP, 5, 6
     ids = torch.randint(3, len(tokenizer), (rows, prompt_len + new), generator=g)
     attention = torch.ones_like(ids)
-    attention[GROUP:, :2] = 0                                        # the second prompt is shorter
-    ids[GROUP:, :2] = tokenizer.pad_token_id
-    lengths = torch.tensor([6, 2, 4, 1, 3, 6, 5, 2])
+    for shorter in (slice(GROUP, 2 * GROUP), slice(3 * GROUP, 4 * GROUP)):
+        attention[shorter, :2] = 0
+        ids[shorter, :2] = tokenizer.pad_token_id
+    lengths = torch.tensor([6, 2, 4, 1, 3, 6, 5, 2, 1, 6, 3, 4, 2, 5, 6, 3])
     loss_mask = torch.zeros_like(ids, dtype=torch.bool)
     for r, n in enumerate(lengths.tolist()):
         loss_mask[r, prompt_len:prompt_len + n] = True
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0] + [0.0] * 4 + [1.0] * 4 + [0.0] * 4)
     return gh.Rollout(ids, attention, loss_mask, prompt_len, [""] * rows, rewards,
                       gh.compute_advantages_grpo(rewards, GROUP), torch.zeros(rows, dtype=torch.bool), lengths)
 
@@ -64,7 +66,7 @@ if __name__ == "__main__":
     rank, world = gh.world()
     assert world == 2
     if mode == "update":
-        result = {agg: update_once(agg, sys.argv[3], slice(rank * GROUP, (rank + 1) * GROUP))
+        result = {agg: update_once(agg, sys.argv[3], slice(rank * 2 * GROUP, (rank + 1) * 2 * GROUP))
                   for agg in ("seq-mean", "token-mean")}
         if rank == 0:
             torch.save(result, out)
