@@ -799,7 +799,9 @@ def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
         return rollout
     keep = rollout.advantages != 0                                          # [rows]
     (needed,) = all_reduce(keep.sum().item(), op="max")
-    if needed in (0, len(keep)):     # no signal anywhere (the step stays as before: Adam momentum), or no zeros
+    # Every row has signal, or none has anywhere: all run (with none, leaving out the backward would also skip
+    # the optimizer's momentum step, which a zero gradient still takes).
+    if needed in (0, len(keep)):
         return rollout
     rows = torch.cat([keep.nonzero(), (~keep).nonzero()[: int(needed) - int(keep.sum())]]).squeeze(1).sort().values
     return Rollout(**{f.name: pick_rows(getattr(rollout, f.name), rows) for f in dataclasses.fields(Rollout)})
@@ -864,7 +866,7 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     chunks = list(micro_batches(rollout, cfg.micro_batch_size))
     weights = [micro_batch_weight(rollout.loss_mask[rows, :used], rows_all, tokens_all, cfg.loss_agg, world()[1])
                for rows, used in chunks]
-    covered = sum(weights)                   # below 1 when rows were left out: stats average the rows trained on
+    covered = sum(weights)                   # this process's share of the loss: stats average the rows it trained
     stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0}
     for _ in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)

@@ -3,7 +3,7 @@
 A shortened demo (seed 0, 300 of the default 1,000 GRPO steps, about one minute) rather than the full one:
 the same model, warm-up and settings, so it exercises everything the full run does. Measured on 2 CPU
 cores it goes from 30.0% to 53.3%. The threshold is 15 points, about four standard errors of a difference of
-two accuracies on 300 problems; the full demo's +25-point goal is checked per seed in report.md, section 4.
+two accuracies on 300 problems; the full demo's +25-point goal is measured per seed in report.md, section 4.
 """
 import json
 

@@ -282,7 +282,7 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
                                         prompt_length=rollout.prompt_length)
     loss = gh.compute_policy_loss(lp, lp.detach(), rollout.advantages, rollout.loss_mask, loss_agg=loss_agg,
                                   num_tokens=cfg.max_new_tokens)
-    torch.optim.SGD(model.parameters(), lr=1.0).zero_grad()
+    model.zero_grad(set_to_none=True)
     loss.backward()
     expected = [(s - p.grad).clone() for p, s in zip(model.parameters(), start)]
     for p, s in zip(model.parameters(), start):

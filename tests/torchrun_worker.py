@@ -2,8 +2,8 @@
 
 update OUT PARALLEL: one grpo_update on fixed rollouts (4 prompts x group 4), each process holding two groups;
     rank 0's second group and both of rank 1's have no reward spread, so rank 0 leaves one group out of the
-    update and rank 1 runs zero-advantage rows to keep in step; rank 0 saves the weights after an SGD step of lr 1 (so weights moved by exactly minus the averaged
-    gradient) for each loss reduction.
+    update and rank 1 runs zero-advantage rows to keep in step; rank 0 saves the weights after an SGD step of
+    lr 1 (so weights moved by exactly minus the averaged gradient) for each loss reduction.
 desync OUT: perturb rank 1's weights and check that check_replicas notices; an out-of-memory error is not
     retried at a smaller size under torchrun (processes would fall out of step) but reported.
 """
