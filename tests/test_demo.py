@@ -4,9 +4,15 @@ A shortened demo (seed 0, 300 of the default 1,000 GRPO steps, about one minute)
 the same model, warm-up and settings, so it exercises everything the full run does. Measured on 2 CPU
 cores it goes from 30.0% to 53.3%. The threshold is 15 points, about four standard errors of a difference of
 two accuracies on 300 problems; the full demo's +25-point goal is measured per seed in report.md, section 4.
+A second, in-process test runs a miniature demo three times: the same seed gives the same data and weights.
 """
+import dataclasses
 import json
 
+import torch
+from safetensors.torch import load_file
+
+import grpo_homework as gh
 from test_cli import run_cli
 
 
@@ -21,3 +27,23 @@ def test_shortened_demo_improves_held_out_accuracy_by_15_points(tmp_path):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 300
     assert (out / "final" / "model.safetensors").exists() and (out / "plots" / "reward.png").exists()
     assert "Accuracy after training:" in result.stdout and "| after: " in result.stdout
+
+
+def test_demo_is_deterministic_per_seed_and_its_splits_are_disjoint(tmp_path):
+    small = gh.DemoConfig(train_problems=200, test_problems=20, warmup_max_steps=25, warmup_target=1.1)
+
+    def run(name: str, seed: int):
+        cfg = dataclasses.replace(gh.demo_grpo_config(gh.Config()), seed=seed, max_steps=3, batch_size=4,
+                                  plot_every=0, show_examples=0, output_dir=str(tmp_path / name))
+        gh.run_demo(cfg, small)
+        data = tmp_path / name / "demo_data"
+        return (load_file(tmp_path / name / "final" / "model.safetensors"),
+                gh.load_split(str(data), "train")["question"], gh.load_split(str(data), "test")["question"])
+
+    weights, train, test = run("a", seed=3)
+    again_weights, again_train, again_test = run("b", seed=3)
+    other_weights, _, other_test = run("c", seed=4)
+    assert len(train) == 200 and len(test) == 20 and not set(train) & set(test)
+    assert (train, test) == (again_train, again_test) and test != other_test
+    assert all(torch.equal(weights[k], again_weights[k]) for k in weights)
+    assert any(not torch.equal(weights[k], other_weights[k]) for k in weights)
