@@ -866,7 +866,9 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     chunks = list(micro_batches(rollout, cfg.micro_batch_size))
     weights = [micro_batch_weight(rollout.loss_mask[rows, :used], rows_all, tokens_all, cfg.loss_agg, world()[1])
                for rows, used in chunks]
-    covered = sum(weights)                   # this process's share of the loss: stats average the rows it trained
+    # This process's share of the loss, so that stats average the rows it trained on; 0 when every completion
+    # is masked (token-mean with --mask-truncated), and then the stats stay 0.
+    covered = sum(weights) or 1.0
     stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0}
     for _ in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)

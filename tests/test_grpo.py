@@ -318,6 +318,17 @@ def test_truncated_completions_are_counted_and_can_be_masked(model_and_tokenizer
     assert (masked.loss_mask[masked.truncated].sum() == 0) and (kept.loss_mask[kept.truncated].sum(1) == 2).all()
 
 
+def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=4, loss_agg="token-mean", mask_truncated=True)
+    rollout = _rollout(model, tok, cfg)
+    rollout.loss_mask[:] = False                          # as if every completion had been cut and masked
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    assert stats["loss"] == 0.0 and stats["clipfrac"] == 0.0 and stats["skipped"] == 0
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
 def test_non_finite_update_is_skipped(model_and_tokenizer):
     model, tok = model_and_tokenizer
     cfg = gh.Config(group_size=4, max_new_tokens=4)
