@@ -92,7 +92,7 @@ class Config:
     loss_agg: str = _flag("seq-mean", "seq-mean (GRPO), token-mean (DAPO) or drgrpo (sum / max-new-tokens)",
                           choices=["seq-mean", "token-mean", "drgrpo"])
     clip_eps: float = _flag(0.2, "PPO clip range below 1 (and above, unless --clip-eps-high)")
-    clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); negative = --clip-eps")
+    clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); -1 = --clip-eps")
     kl_coef: float = _flag(0.0, "weight of the k3 KL to a frozen copy of the starting model (0 = no reference)")
     ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
@@ -155,23 +155,35 @@ class UserError(Exception):
 
 
 def validate_config(cfg: Config) -> None:
-    """Raise UserError naming the first flag whose value cannot work."""
+    """Raise UserError naming the first flag whose value cannot train as intended."""
     def require(ok: bool, message: str) -> None:
         if not ok:
             raise UserError(message)
 
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for f in dataclasses.fields(Config):     # nan and inf pass every comparison below, or fail it silently
+        if isinstance(f.default, float):
+            require(math.isfinite(getattr(cfg, f.name)), f"{flag(f.name)} must be a finite number")
     require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
     require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
     require(cfg.temperature > 0, "--temperature must be positive for training (sampling and log-probs divide by it)")
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
-                 "ppo_epochs", "logprob_chunk_size", "max_prompt_length"):
-        require(getattr(cfg, name) > 0, f"--{name.replace('_', '-')} must be positive")
-    for name in ("train_size", "eval_size", "max_steps", "save_every", "lr_warmup_steps"):
-        require(getattr(cfg, name) >= 0, f"--{name.replace('_', '-')} must not be negative")
+                 "ppo_epochs", "logprob_chunk_size", "max_prompt_length", "learning_rate", "max_grad_norm"):
+        require(getattr(cfg, name) > 0, f"{flag(name)} must be positive")
+    for name in ("train_size", "eval_size", "max_steps", "save_every", "plot_every", "show_examples",
+                 "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
+        require(getattr(cfg, name) >= 0, f"{flag(name)} must not be negative")
     require(cfg.generation_batch_size % cfg.group_size == 0,
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
     require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
-    require(cfg.learning_rate > 0, "--learning-rate must be positive")
+    require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1 "
+                                                                    "(the same as --clip-eps)")
+    require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1 "
+                                                      "(decoupled decay multiplies the weights by 1 - lr * wd)")
+    require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
+    require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -225,8 +237,7 @@ class GSM8KDataset(Dataset):
         self.tokenizer = tokenizer
         self.max_length = max_length
         rows = self.task.load(dataset_path, split)
-        questions = [self.task.question(row) for row in rows]
-        answers = [self.task.gold(row) for row in rows]
+        questions, answers = checked_problems(rows, self.task, f"{dataset_path} [{split}]")
         self.prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
         self.questions, self.answers, self.encodings = questions, answers, None
         if tokenizer is not None:
@@ -258,9 +269,44 @@ class GSM8KDataset(Dataset):
     @staticmethod
     def extract_answer(answer_str):
         """Gold number after the last '####' of a GSM8K answer, thousands separators removed; None if absent."""
-        if answer_str is None or "####" not in answer_str:
+        if not isinstance(answer_str, str) or "####" not in answer_str:
             return None
         return parse_number(answer_str.rsplit("####", 1)[1])
+
+
+MAX_UNPARSED_GOLD_FRACTION = 0.01   # a few broken rows are dropped with a warning; more means the wrong data
+
+
+def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
+    """Questions and golds of `rows`, or UserError when they cannot train: missing columns, questions that are
+    not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
+    columns = set(rows.column_names) if hasattr(rows, "column_names") else set(rows[0]) if len(rows) else set()
+    for options in task.columns:
+        if len(rows) and not columns & set(options):
+            raise UserError(f"{where} has no {' or '.join(map(repr, options))} column (it has {sorted(columns)}); "
+                            f"is it data for --task {task.name}?")
+    questions = [task.question(row) for row in rows]
+    not_text = [i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()]
+    if not_text:
+        raise UserError(f"{where}: {len(not_text)} questions are not text (first at row {not_text[0]})")
+    golds = [task.gold(row) for row in rows]
+    unparsed = [i for i, g in enumerate(golds) if g is None]
+    if len(unparsed) > MAX_UNPARSED_GOLD_FRACTION * len(golds):
+        raise UserError(f"{where}: {len(unparsed)} of {len(golds)} gold answers give no number (first at row "
+                        f"{unparsed[0]}: {rows[unparsed[0]]!r:.80}); GSM8K answers end in '#### <number>'")
+    if unparsed:
+        print(f"warning: {where}: dropped {len(unparsed)} of {len(golds)} problems whose gold answer gives no "
+              f"number", file=sys.stderr)
+    keep = [i for i, g in enumerate(golds) if g is not None]
+    return [questions[i] for i in keep], [golds[i] for i in keep]
+
+
+def gsm8k_gold(row: dict) -> float | None:
+    """GSM8K's '... #### 42' answer text; a dataset that stores the answer as a plain number works too."""
+    answer = row["answer"]
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        return float(answer) if math.isfinite(answer) else None
+    return GSM8KDataset.extract_answer(answer)
 
 
 def collate_prompts(batch: list[dict], tokenizer) -> dict:
@@ -289,19 +335,21 @@ def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path
 # Part 2: reward
 # ---------------------------------------------------------------------------------------------------------------
 
-# One number, with optional sign, currency sign and thousands separators. Every quantifier is bounded by a
-# character class that cannot overlap its neighbour, so matching stays linear in the text length.
-_NUMBER = r"-?\s?\$?\s?-?\d[\d,]*(?:\.\d+)?"
+# A number is a whole token: optional sign and currency sign, digits with thousands separators only in groups of
+# three, an optional decimal part, then nothing but closing punctuation before white space or the end. So
+# "1,234." and "$-5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are not (no number, not a misread prefix).
+# Every quantifier is bounded by a character class that cannot overlap its neighbour: matching stays linear.
+_NUMBER = r"-?\s?\$?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?=[.,;:!?%)*}\]]*(?:\s|$))"
 _ANSWER_MARKER = re.compile(r"(?:####|\\boxed\{|answer is:?)[ \t*]*(" + _NUMBER + ")", re.IGNORECASE)
-_FINAL_LINE = re.compile(r"(?:^|\n)[ \t]*####[ \t]*" + _NUMBER + r"[\s.]*$")
+_FINAL_LINE = re.compile(r"(?:^|\n)[ \t]*####[ \t]*(" + _NUMBER + r")[\s.]*$")
+_WHOLE_NUMBER = re.compile(r"\s*(" + _NUMBER + r")[.,;:!?%)*}\]]*\s*")
 
 
 def parse_number(text: str) -> float | None:
-    cleaned = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
-    try:
-        value = float(cleaned)
-    except ValueError:
+    """The number `text` holds as one whole token (see _NUMBER), or None; overflow to inf is no number."""
+    if not isinstance(text, str) or not (m := _WHOLE_NUMBER.fullmatch(text)):
         return None
+    value = float(re.sub(r"[\s,$]", "", m.group(1)))
     return value if math.isfinite(value) else None
 
 
@@ -312,7 +360,9 @@ def extract_answer_from_completion(completion):
 
 
 def is_well_formed_gsm8k(completion: str) -> bool:
-    return bool(_FINAL_LINE.search(completion or ""))
+    """The last line is '#### <number>' and the number is one (so the format bonus cannot be paid for junk)."""
+    match = _FINAL_LINE.search(completion or "")
+    return bool(match) and parse_number(match.group(1)) is not None
 
 
 def gsm8k_reward(completion: str, gold: float) -> float:
@@ -435,6 +485,7 @@ class Task:
     reward: Callable[[str, Any], float]
     well_formed: Callable[[str], bool]
     extract: Callable[[str], Any]          # the answer a completion gives, as the reward reads it
+    columns: tuple[tuple[str, ...], ...]   # the dataset needs one column of each tuple
 
 
 def _load_countdown(dataset: str, split: str):
@@ -445,14 +496,14 @@ def _load_countdown(dataset: str, split: str):
 
 
 TASKS = {
-    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"],
-                  lambda row: GSM8KDataset.extract_answer(row["answer"]), gsm8k_reward, is_well_formed_gsm8k,
-                  extract_answer_from_completion),
+    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"], gsm8k_gold, gsm8k_reward,
+                  is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
     "countdown": Task("countdown", COUNTDOWN_INSTRUCTION, _load_countdown,
                       lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
                                   f"that equals {row['target']}.",
                       lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},
-                      reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer),
+                      reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer,
+                      (("nums", "numbers"), ("target",))),
 }
 
 
@@ -523,7 +574,7 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     logratio = torch.where(mask, logprobs - old_logprobs, 0.0).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
     ratio = torch.exp(logratio)                                              # [batch, seq]
     adv = advantages.to(ratio.dtype).unsqueeze(-1)                           # [batch, 1]
-    high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
+    high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high   # -1: symmetric
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv
     per_token = -torch.minimum(unclipped, clipped)                           # [batch, seq]
@@ -1042,21 +1093,49 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
 # The training record: metrics, checkpoints, plots, before/after answers
 # ---------------------------------------------------------------------------------------------------------------
 
-def write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
+    """write(tmp) then rename tmp over `path`: a reader never sees half a file, and only a regular file this
+    run could have written is ever replaced (a symlink or folder in its place is refused, never written through)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise UserError(f"{path} is not a regular file; refusing to write over it")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    write(tmp)
     os.replace(tmp, path)
 
 
+def write_json(path: Path, obj) -> None:
+    replace_file(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n"))
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "w") as f:
-        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+    replace_file(path, lambda tmp: tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows)))
+
+
+def read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"cannot read {path}: not a JSON object")
+    return value
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file; a torn last line (the process died mid-write) is dropped with a warning."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise UserError(f"{path} line {i + 1} is not JSON: the run record is damaged") from None
+            print(f"warning: {path}: ignoring a half-written last line", file=sys.stderr)
+    return rows
 
 
 def save_model(path: Path, model, tokenizer, scorer=None) -> None:
@@ -1091,12 +1170,41 @@ def rng_state() -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
+def to_plain(obj, tensors: dict[str, torch.Tensor]):
+    """JSON-ready copy of nested dicts/lists/scalars, each tensor swapped for {"tensor": key} into `tensors`.
+
+    Checkpoints are JSON plus safetensors, so reading one back never unpickles (pickle can run code).
+    Dicts become item lists because the optimizer keys its state by int.
+    """
+    if torch.is_tensor(obj):
+        tensors[key := str(len(tensors))] = obj.detach().cpu().contiguous()
+        return {"tensor": key}
+    if isinstance(obj, dict):
+        return {"items": [[to_plain(k, tensors), to_plain(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"a checkpoint cannot hold a {type(obj).__name__}")
+
+
+def from_plain(obj, tensors: dict[str, torch.Tensor]):
+    if isinstance(obj, dict):
+        return tensors[obj["tensor"]] if "tensor" in obj else \
+            {from_plain(k, tensors): from_plain(v, tensors) for k, v in obj["items"]}
+    return [from_plain(v, tensors) for v in obj] if isinstance(obj, list) else obj
+
+
+TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
+
+
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None) -> Path:
     """Everything needed to continue bit-for-bit, written to a temp dir and renamed into place.
 
     Under torchrun every process takes part (FSDP gathers, every process's sampling RNG is kept) and the main
     process writes. scorer: the policy's PolicyLogprobs as wrapped for the processes.
     """
+    from safetensors.torch import save_file
     final = run_dir / "checkpoints" / f"step-{record['step']}"
     tmp = final.with_name(final.name + ".tmp")
     if is_main():
@@ -1106,10 +1214,26 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
              "step": record["step"], "epoch": record["epoch"], "batch_in_epoch": record["batch_in_epoch"],
              "rng": gather_objects(rng_state())}                                # one per process, by rank
     if is_main():
-        torch.save(state, tmp / "trainer_state.pt")
+        tensors = {}
+        (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
+        save_file(tensors, tmp / TRAINER_STATE[1])
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     return final
+
+
+def load_trainer_state(checkpoint: Path) -> dict:
+    """The trainer state save_checkpoint wrote; UserError naming the files if they are missing or damaged."""
+    from safetensors.torch import load_file
+    try:
+        state = from_plain(json.loads((checkpoint / TRAINER_STATE[0]).read_text()),
+                           load_file(checkpoint / TRAINER_STATE[1]))
+        if not {"optimizer", "scheduler", "step", "epoch", "batch_in_epoch", "rng"} <= set(state):
+            raise ValueError("keys are missing")
+    except Exception as e:      # any damage at all (truncated, edited, absent) means the same to the user
+        raise UserError(f"cannot read checkpoint {checkpoint / TRAINER_STATE[0]} + {TRAINER_STATE[1]}: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return state
 
 
 def last_checkpoint(run_dir: Path) -> Path | None:
@@ -1133,9 +1257,12 @@ def write_plots(run_dir: Path) -> list[Path]:
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     if not metrics:
         return []
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     steps = [m["step"] for m in metrics]
-    (run_dir / "plots").mkdir(exist_ok=True)
+    plots = run_dir / "plots"
+    if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
+        raise UserError(f"{plots} is not a folder of this run; refusing to write plots through it")
+    plots.mkdir(exist_ok=True)
     paths = []
 
     def figure(name, title, ylabel, series, hlines=()):
@@ -1148,9 +1275,9 @@ def write_plots(run_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(run_dir / "plots" / name, dpi=110)
+        replace_file(plots / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
-        paths.append(run_dir / "plots" / name)
+        paths.append(plots / name)
 
     rewards = [m["reward_mean"] for m in metrics]
     accuracy_lines = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color)
@@ -1191,7 +1318,7 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
                       "| before | after |", "|---|---|",
                       f"| {_cell(b['completion'])} ({_mark(b)}) | {_cell(a['completion'])} ({_mark(a)}) |", ""]
     path = run_dir / "before_after.md"
-    path.write_text("\n".join(lines))
+    replace_file(path, lambda tmp: tmp.write_text("\n".join(lines)))
     return path
 
 
@@ -1224,6 +1351,10 @@ def init_distributed(device_name: str) -> None:
     """Join the process group torchrun describes in the environment: nccl between GPUs, gloo between CPUs."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return
+    missing = [v for v in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise UserError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but {', '.join(missing)} are not: launch "
+                        f"with torchrun, or unset WORLD_SIZE for one process")
     on_gpu = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
     if on_gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -1342,8 +1473,12 @@ def pick_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError as e:
         raise UserError(f"--device {name}: {e}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: this script trains on cpu or cuda only")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name} asked for, but no CUDA GPU is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: there are only {torch.cuda.device_count()} GPUs")
     return device
 
 
@@ -1362,8 +1497,9 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from e
+    except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
+        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -1398,158 +1534,6 @@ def _oneline(record: dict) -> str:
     return f"{text[-60:]!r} [{'right' if record['correct'] else 'wrong'}]"
 
 
-def prepare_run_dir(cfg: Config, resume: bool) -> Path:
-    run_dir = Path(cfg.output_dir)
-    if not resume and (run_dir / "metrics.jsonl").exists():
-        raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
-    if is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
-def run_training(cfg: Config, resume_from: Path | None = None) -> dict:
-    """The whole job: load, evaluate, train, evaluate, write the record. Shared by the CLI and the demo."""
-    import transformers
-    validate_config(cfg)
-    task = TASKS[cfg.task]
-    device = pick_device(cfg.device)
-    seed_everything(cfg.seed)
-    checkpoint = last_checkpoint(resume_from) if resume_from else None
-    if resume_from and checkpoint is None:
-        raise UserError(f"{resume_from} has no checkpoint to resume from (runs save one with --save-every or on Ctrl-C)")
-
-    print("Loading tokenizer and model...")
-    model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
-    ref_model = None
-    if cfg.kl_coef > 0:
-        ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
-        ref_model.requires_grad_(False)
-    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
-        enable_checkpointing(model)
-    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
-    scorer = wrap_for_processes(PolicyLogprobs(model), cfg, device)
-
-    print("Loading dataset...")
-    train_set = GSM8KDataset(split_name("train", cfg.train_size), tokenizer, cfg.max_prompt_length,
-                             dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-    eval_set = GSM8KDataset(split_name("test", cfg.eval_size), tokenizer, cfg.max_prompt_length,
-                            dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-    rank, world_size = world()
-    if len(train_set) < cfg.batch_size * world_size:
-        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
-                        f"{world_size} processes")
-    run_dir = prepare_run_dir(cfg, resume=checkpoint is not None)
-    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer),
-                          rank=rank, world_size=world_size)
-
-    print("Setting up optimizer...")
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
-    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0)
-    start = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    if checkpoint is not None:
-        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
-        if len(state["rng"]) != world_size:
-            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
-                            f"(now {world_size}), or the data and samples would not continue where they stopped")
-        load_optimizer_state(scorer, optimizer, state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        rng = state["rng"][rank]
-        random.setstate(rng["python"])
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        start = {k: state[k] for k in start}
-        if is_main():
-            write_jsonl(run_dir / "metrics.jsonl",
-                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
-        print(f"Resuming from {checkpoint} (step {start['step']})")
-    if is_main():
-        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
-                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                                                          "transformers": transformers.__version__}})
-
-    t_start = time.perf_counter() - summary.get("wall_seconds", 0.0) if checkpoint else time.perf_counter()
-    if "accuracy_before" in summary and (run_dir / "eval_before.jsonl").exists():
-        before, before_records = summary["before"], read_jsonl(run_dir / "eval_before.jsonl")
-    else:
-        with full_weights(scorer):
-            before, before_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval before")
-        if is_main():
-            write_jsonl(run_dir / "eval_before.jsonl", before_records)
-    print(f"Accuracy before training: {before['accuracy']:.2%} ({len(before_records)} test problems, "
-          f"format {before['format_rate']:.0%})")
-    summary = {"accuracy_before": before["accuracy"], "before": before, "steps": start["step"],
-               "wall_seconds": time.perf_counter() - t_start, "finished": False}
-    if is_main():
-        write_json(run_dir / "summary.json", summary)
-
-    metrics_file = open(run_dir / "metrics.jsonl", "a") if is_main() else None
-    last = {"record": None}
-
-    def on_step(record: dict) -> None:
-        last["record"] = record
-        if cfg.save_every and record["step"] % cfg.save_every == 0:
-            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, record, scorer)
-        if not is_main():
-            return
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
-        summary.update(steps=record["step"], wall_seconds=time.perf_counter() - t_start)
-        write_json(run_dir / "summary.json", summary)
-        if cfg.plot_every and record["step"] % cfg.plot_every == 0:
-            write_plots(run_dir)
-
-    print("Starting GRPO training...")
-    stop = {"asked": False}
-
-    def ask_stop(signum, frame):
-        if stop["asked"] and time.monotonic() - stop["asked"] > 2:   # torchrun repeats the first Ctrl-C at once
-            raise KeyboardInterrupt
-        if not stop["asked"]:
-            stop["asked"] = time.monotonic()
-            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
-
-    previous_handler = signal.signal(signal.SIGINT, ask_stop)
-    try:
-        train_grpo(model, tokenizer, loader, optimizer, device, cfg.num_epochs, cfg.group_size, cfg.clip_eps,
-                   cfg.max_new_tokens, cfg=cfg, task=task, ref_model=ref_model, scheduler=scheduler, on_step=on_step,
-                   start_step=start["step"], start_epoch=start["epoch"], skip_batches=start["batch_in_epoch"],
-                   stop_flag=lambda: bool(stop["asked"]), scorer=scorer)
-    except TrainingInterrupted:
-        if last["record"] is not None:
-            save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"], scorer)
-        if is_main():
-            write_plots(run_dir)
-        raise UserError(f"interrupted after step {last['record']['step'] if last['record'] else start['step']}; "
-                        f"resume with: python {Path(sys.argv[0]).name} --resume {run_dir}") from None
-    finally:
-        signal.signal(signal.SIGINT, previous_handler)
-        if metrics_file:
-            metrics_file.close()
-    if cfg.save_every and last["record"] is not None and last["record"]["step"] % cfg.save_every:
-        save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, last["record"], scorer)
-    print("Training completed!")
-
-    with full_weights(scorer):
-        after, after_records = evaluate(model, tokenizer, eval_set, cfg, device, desc="eval after")
-    print(f"Accuracy before training: {before['accuracy']:.2%}")
-    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
-    print_examples(before_records, after_records, cfg.show_examples)
-    save_model(run_dir / "final", model, tokenizer, scorer)
-    summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
-                   wall_seconds=time.perf_counter() - t_start)
-    if is_main():
-        write_jsonl(run_dir / "eval_after.jsonl", after_records)
-        write_json(run_dir / "summary.json", summary)
-        write_plots(run_dir)
-        write_before_after(run_dir)
-    print(f"Run written to {run_dir}")
-    return summary
-
-
 class SeededLoader:
     """Shuffled prompt batches whose order depends only on (seed, epoch), so a resumed run sees the same data.
 
@@ -1572,6 +1556,323 @@ class SeededLoader:
         step_size = self.batch_size * self.world_size
         for start in range(self.rank * self.batch_size, len(self) * step_size, step_size):
             yield self.collate_fn([self.dataset[int(i)] for i in order[start:start + self.batch_size]])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run folder: claimed before any work, written only by this run, resumable after any phase
+# ---------------------------------------------------------------------------------------------------------------
+
+RUN_LOCK = "run.lock"
+RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl",
+              "before_after.md", "plots", "checkpoints", "final", RUN_LOCK}
+
+
+def is_run_dir(path: Path) -> bool:
+    """A folder this script made for a run: its config.json is a run record, not (say) a model's config."""
+    try:
+        saved = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "argv" in saved
+
+
+def foreign_entries(run_dir: Path, own: set[str] = frozenset({RUN_LOCK})) -> list[str]:
+    """What in RUN_DIR this script would not have written (temp files of its own writes count as its own)."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p.name for p in run_dir.iterdir() if p.name not in own and p.name.removesuffix(".tmp") not in own)
+
+
+def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Callable[[Path], bool]) -> None:
+    """UserError unless RUN_DIR can take this run without touching anything the run did not make."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--output-dir {run_dir} is a file, not a folder")
+    model = Path(model_path).expanduser().resolve() if model_path else None
+    if model is not None and model.is_dir() and (run_dir.resolve() == model or model in run_dir.resolve().parents):
+        raise UserError(f"--output-dir {run_dir} is inside the model folder {model_path}: choose a folder outside it")
+    if resume or not foreign_entries(run_dir) or clearable(run_dir):
+        return
+    if is_run_dir(run_dir):
+        raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
+    others = foreign_entries(run_dir)
+    raise UserError(f"--output-dir {run_dir} already holds other files ({', '.join(others[:3])}"
+                    f"{', ...' if len(others) > 3 else ''}): choose a new or empty folder; a run never writes among "
+                    f"files it did not make")
+
+
+@contextlib.contextmanager
+def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
+                    clearable: Callable[[Path], bool] = lambda path: False):
+    """Hold RUN_DIR for this run alone, from before any work until the run ends.
+
+    The claim is an exclusive lock on RUN_DIR/run.lock, which the system drops when the process dies, so a
+    crash leaves nothing stale; a second run on the same folder is refused at once. A new run takes a folder
+    that is new or empty, or one `clearable` says it may empty (the demo's own earlier run). If this run never
+    wrote its config.json (bad input, or stopped while loading), what the claim made is removed again.
+    Under torchrun the main process claims and every process hears of a refusal.
+    """
+    import fcntl
+    error, lock, made = None, None, []
+    if is_main():
+        try:
+            check_output_dir(run_dir, model_path, resume, clearable)
+            missing = [run_dir, *(p for p in run_dir.parents if not p.exists())]
+            made = [p for p in reversed(missing) if not p.exists()]
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(lock)
+                lock, made = None, []
+                raise UserError(f"another run is using {run_dir} right now") from None
+            check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
+            if not resume:
+                for name in foreign_entries(run_dir):                    # only what `clearable` vouched for
+                    target = run_dir / name
+                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+        except OSError as e:
+            error = f"cannot use --output-dir {run_dir}: {e.strerror or e}"
+        except UserError as e:
+            error = str(e)
+    errors = [e for e in gather_objects(error) if e]
+    try:
+        if errors:
+            raise UserError(errors[0])
+        yield run_dir
+    finally:
+        if lock is not None:
+            started = (run_dir / "config.json").exists()
+            if not started:
+                (run_dir / RUN_LOCK).unlink(missing_ok=True)
+            os.close(lock)
+            for folder in reversed(made if not started else []):
+                with contextlib.suppress(OSError):       # not empty: something of the run's own stays
+                    folder.rmdir()
+
+
+@dataclass
+class Run:
+    """What the phases of one run share: the loaded pieces, where training stands, and the run's summary."""
+    cfg: Config
+    run_dir: Path
+    task: Task
+    device: torch.device
+    model: Any
+    tokenizer: Any
+    scorer: torch.nn.Module        # the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun
+    ref_model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loader: "SeededLoader"
+    eval_set: GSM8KDataset
+    start: dict                    # step, epoch and batch_in_epoch training continues from
+    summary: dict
+    t_start: float
+    last_record: dict | None = None   # the last step trained in this process
+    saved_step: int | None = None     # the step of the newest checkpoint on disk
+
+
+def run_training(cfg: Config, resume: bool = False) -> dict:
+    """The whole job on the CLI's flags: claim the folder, then the phases (see run_phases)."""
+    validate_config(cfg)
+    run_dir = Path(cfg.output_dir)
+    with claimed_run_dir(run_dir, resume=resume, model_path=cfg.model_path):
+        return run_phases(cfg, run_dir, resume)
+
+
+def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
+    """Load, evaluate, train, finish. Every phase leaves the folder in a state `--resume` continues from: each
+    file is written whole or not at all, a checkpoint precedes the final evaluation, and final/ is renamed into
+    place. So Ctrl-C or a failure anywhere ends in one line that says how to go on."""
+    phase = "loading"
+    try:
+        run = prepare_run(cfg, run_dir, resume)
+        for phase, do in (("the evaluation before training", evaluate_before), ("training", train_phase),
+                          ("the final evaluation and save", finish_run)):
+            do(run)
+        return run.summary
+    except (KeyboardInterrupt, OSError) as e:
+        cause = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e})"
+        if not (run_dir / "config.json").exists():
+            raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
+        raise UserError(f"{cause} during {phase}; resume with: python {Path(sys.argv[0]).name} --resume {run_dir}") \
+            from None
+
+
+def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
+    """Load model, data and optimizer (from the newest checkpoint when resuming), then record the run's config."""
+    import transformers
+    task = TASKS[cfg.task]
+    device = pick_device(cfg.device)
+    seed_everything(cfg.seed)
+    checkpoint = last_checkpoint(run_dir) if resume else None
+    state = load_trainer_state(checkpoint) if checkpoint else None
+
+    print("Loading tokenizer and model...")
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
+    if cfg.prompt_style == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"{cfg.model_path} has no chat template: pass --prompt-style plain")
+    ref_model = None
+    if cfg.kl_coef > 0:
+        ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
+        ref_model.requires_grad_(False)
+    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
+        enable_checkpointing(model)
+    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
+    scorer = wrap_for_processes(PolicyLogprobs(model), cfg, device)
+
+    print("Loading dataset...")
+    train_set = GSM8KDataset(split_name("train", cfg.train_size), tokenizer, cfg.max_prompt_length,
+                             dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
+    eval_set = GSM8KDataset(split_name("test", cfg.eval_size), tokenizer, cfg.max_prompt_length,
+                            dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
+    rank, world_size = world()
+    if len(eval_set) == 0:
+        raise UserError(f"no test problems left to evaluate on (all longer than --max-prompt-length "
+                        f"{cfg.max_prompt_length}, or none given)")
+    if len(train_set) < cfg.batch_size * world_size:
+        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
+                        f"{world_size} processes")
+    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer),
+                          rank=rank, world_size=world_size)
+
+    print("Setting up optimizer...")
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
+    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0)
+    start = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+    summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
+    if state is not None:
+        if len(state["rng"]) != world_size:
+            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
+                            f"(now {world_size}), or the data and samples would not continue where they stopped")
+        load_optimizer_state(scorer, optimizer, state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        rng = state["rng"][rank]
+        random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        start = {k: state[k] for k in start}
+        planned = min(cfg.max_steps or math.inf, cfg.num_epochs * len(loader))
+        if summary.get("finished") and start["step"] >= planned:
+            raise UserError(f"{run_dir} finished after {start['step']} steps: pass a larger --max-steps or "
+                            f"--num-epochs to train it further")
+        print(f"Resuming from {checkpoint} (step {start['step']})")
+    elif resume:
+        print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
+              file=sys.stderr)
+    if is_main():
+        if resume:
+            write_jsonl(run_dir / "metrics.jsonl",
+                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
+        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
+                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                                          "transformers": transformers.__version__}})
+    t_start = time.perf_counter() - (summary.get("wall_seconds", 0.0) if state else 0.0)
+    return Run(cfg, run_dir, task, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader,
+               eval_set, start, summary, t_start, saved_step=start["step"] if state else None)
+
+
+def evaluate_before(run: Run) -> None:
+    """Greedy accuracy of the starting model (kept from an earlier attempt of this run when there is one)."""
+    if "accuracy_before" in run.summary and (run.run_dir / "eval_before.jsonl").exists():
+        before = run.summary["before"]
+    else:
+        print(f"Evaluating the starting model on {len(run.eval_set)} test problems...")
+        with full_weights(run.scorer):
+            before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, desc="eval before")
+        if is_main():
+            write_jsonl(run.run_dir / "eval_before.jsonl", records)
+    print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} test problems, "
+          f"format {before['format_rate']:.0%})")
+    run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
+                   "wall_seconds": time.perf_counter() - run.t_start, "finished": False}
+    if is_main():
+        write_json(run.run_dir / "summary.json", run.summary)
+
+
+def checkpoint_now(run: Run) -> None:
+    if run.last_record is not None and run.last_record["step"] != run.saved_step:
+        save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
+                        run.scorer)
+        run.saved_step = run.last_record["step"]
+
+
+def train_phase(run: Run) -> None:
+    """GRPO steps, logged as they finish. The first Ctrl-C stops after the step in flight and checkpoints it."""
+    cfg, run_dir = run.cfg, run.run_dir
+    print("Starting GRPO training...")
+    metrics_file = open(run_dir / "metrics.jsonl", "a") if is_main() else None
+
+    def on_step(record: dict) -> None:
+        run.last_record = record
+        if cfg.save_every and record["step"] % cfg.save_every == 0:
+            checkpoint_now(run)
+        if not is_main():
+            return
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        run.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - run.t_start)
+        write_json(run_dir / "summary.json", run.summary)
+        if cfg.plot_every and record["step"] % cfg.plot_every == 0:
+            write_plots(run_dir)
+
+    stop = {"asked": False}
+
+    def ask_stop(signum, frame):
+        if stop["asked"] and time.monotonic() - stop["asked"] > 2:   # torchrun repeats the first Ctrl-C at once
+            raise KeyboardInterrupt
+        if not stop["asked"]:
+            stop["asked"] = time.monotonic()
+            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
+
+    previous_handler = signal.signal(signal.SIGINT, ask_stop)
+    try:
+        train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
+                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, task=run.task, ref_model=run.ref_model,
+                   scheduler=run.scheduler, on_step=on_step, start_step=run.start["step"],
+                   start_epoch=run.start["epoch"], skip_batches=run.start["batch_in_epoch"],
+                   stop_flag=lambda: bool(stop["asked"]), scorer=run.scorer)
+    except TrainingInterrupted:
+        checkpoint_now(run)
+        if is_main():
+            write_plots(run_dir)
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+        if metrics_file:
+            metrics_file.close()
+
+
+def finish_run(run: Run) -> None:
+    """Checkpoint, evaluate the trained policy, then write final/ (renamed into place) and the record."""
+    cfg, run_dir = run.cfg, run.run_dir
+    print("Training completed!")
+    checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
+    print(f"Evaluating the trained model on {len(run.eval_set)} test problems...")
+    with full_weights(run.scorer):
+        after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
+    before = run.summary["before"]
+    print(f"Accuracy before training: {before['accuracy']:.2%}")
+    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
+    if is_main():
+        print_examples(read_jsonl(run_dir / "eval_before.jsonl"), after_records, cfg.show_examples)
+        shutil.rmtree(run_dir / "final.tmp", ignore_errors=True)
+    save_model(run_dir / "final.tmp", run.model, run.tokenizer, run.scorer)
+    run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
+                       steps=run.last_record["step"] if run.last_record else run.start["step"],
+                       wall_seconds=time.perf_counter() - run.t_start)
+    if is_main():
+        shutil.rmtree(run_dir / "final", ignore_errors=True)
+        os.replace(run_dir / "final.tmp", run_dir / "final")
+        write_jsonl(run_dir / "eval_after.jsonl", after_records)
+        write_json(run_dir / "summary.json", run.summary)
+        write_plots(run_dir)
+        write_before_after(run_dir)
+    print(f"Run written to {run_dir}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1687,22 +1988,40 @@ def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, 
     return demo.warmup_max_steps
 
 
+DEMO_MARKER = "demo.json"
+
+
+def is_demo_run(run_dir: Path) -> bool:
+    """RUN_DIR holds an earlier demo and nothing else, so a new demo may empty it."""
+    try:
+        marked = json.loads((run_dir / DEMO_MARKER).read_text()).get("demo") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+    return marked and not foreign_entries(run_dir, RUN_RECORD | {DEMO_MARKER, "demo_model", "demo_data"})
+
+
 def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
     """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk.
 
-    Under torchrun the main process builds them while the others wait, then all train together.
+    The demo starts from scratch each time, so it may clear its own earlier run (marked by demo.json) and
+    nothing else. Under torchrun the main process builds while the others wait, then all train together.
     """
     t0 = time.perf_counter()
     validate_config(cfg)
     run_dir = Path(cfg.output_dir)
-    steps = build_demo(cfg, demo, run_dir) if is_main() else 0
-    if world()[1] > 1:
-        dist.barrier()
-    summary = run_training(dataclasses.replace(cfg, model_path=str(run_dir / "demo_model"),
-                                               dataset=str(run_dir / "demo_data")))
-    summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
-    if is_main():
-        write_json(run_dir / "summary.json", summary)
+    with claimed_run_dir(run_dir, resume=False, clearable=is_demo_run):
+        try:
+            steps = build_demo(cfg, demo, run_dir) if is_main() else 0
+        except KeyboardInterrupt:
+            raise UserError("interrupted while building the demo (under a minute of work): run the same command "
+                            "again to start it over") from None
+        if world()[1] > 1:
+            dist.barrier()
+        summary = run_phases(dataclasses.replace(cfg, model_path=str(run_dir / "demo_model"),
+                                                 dataset=str(run_dir / "demo_data")), run_dir, resume=False)
+        summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
+        if is_main():
+            write_json(run_dir / "summary.json", summary)
     print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
           f"in {summary['demo_total_seconds']:.0f}s")
     return summary
@@ -1711,9 +2030,7 @@ def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
 def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     """Write RUN_DIR/demo_data (hub layout) and RUN_DIR/demo_model (warmed up); return the warm-up steps."""
     t0 = time.perf_counter()
-    if (run_dir / "demo_model").is_dir():      # an earlier demo: the demo always starts from scratch
-        shutil.rmtree(run_dir)
-    run_dir = prepare_run_dir(cfg, resume=False)
+    write_json(run_dir / DEMO_MARKER, {"demo": True, "seed": cfg.seed})
     seed_everything(cfg.seed)
     rng = random.Random(cfg.seed)
     test = addition_problems(demo.test_problems, rng)
@@ -1729,17 +2046,55 @@ def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     return steps
 
 
+# Flags a resumed run may change: how it runs, not what it learns. Any other change would make one run's
+# record describe two different trainings.
+RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "show_examples", "device",
+                     "generation_batch_size", "micro_batch_size", "eval_batch_size", "logprob_chunk_size",
+                     "gradient_checkpointing", "check_replicas"}
+
+
+def saved_config(run_dir: Path) -> Config:
+    """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
+    if not is_run_dir(run_dir):
+        raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
+    saved = read_json(run_dir / "config.json")["config"]
+    unknown = sorted(set(saved) - CONFIG_FIELDS)
+    if unknown:
+        raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
+    for f in dataclasses.fields(Config):
+        value = saved.get(f.name, f.default)
+        if not (type(value) is type(f.default) or (type(f.default) is float and type(value) is int)):
+            raise UserError(f"{run_dir / 'config.json'}: {f.name} = {value!r} is not a {type(f.default).__name__}")
+    return Config(**saved)
+
+
 def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     """Config from the command line; with --demo or --resume, flags given explicitly override their base."""
     args = build_arg_parser().parse_args(argv)
     typed = vars(build_arg_parser(defaults=False).parse_args(argv))
     explicit = {k: v for k, v in typed.items() if k in CONFIG_FIELDS}
+    for key in ("model_path", "dataset", "output_dir"):     # a shell leaves ~ alone after '=' or inside quotes
+        if isinstance(explicit.get(key), str) and explicit[key].startswith("~"):
+            explicit[key] = os.path.expanduser(explicit[key])
+    args.resume, args.report = (os.path.expanduser(p) if p else p for p in (args.resume, args.report))
+    modes = [name for name in ("demo", "resume", "report") if getattr(args, name)]
+    if len(modes) > 1:
+        raise UserError(f"--{modes[0]} and --{modes[1]} cannot be combined")
+    if args.report and explicit:
+        raise UserError(f"--report only redraws a run's plots: it takes no other flags (got "
+                        f"{', '.join(sorted(explicit))})")
+    if args.demo and "model_path" in explicit:
+        raise UserError("--demo builds its own model: leave out MODEL_PATH")
     if args.resume:
-        saved = Path(args.resume) / "config.json"
-        if not saved.is_file():
-            raise UserError(f"--resume {args.resume}: no config.json there, so it is not a run directory")
-        base = Config(**json.loads(saved.read_text())["config"])
-        return dataclasses.replace(base, output_dir=args.resume, **explicit), args
+        base = saved_config(Path(args.resume))
+        if "output_dir" in explicit and Path(explicit["output_dir"]).resolve() != Path(args.resume).resolve():
+            raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
+        changed = sorted(k for k, v in explicit.items()
+                         if k not in RESUME_MAY_CHANGE | {"output_dir"} and v != getattr(base, k))
+        if changed:
+            raise UserError(f"--resume cannot change {', '.join('--' + k.replace('_', '-') for k in changed)}: "
+                            f"the run was trained with other values (start a new run instead)")
+        return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
     base = demo_grpo_config(Config()) if args.demo else Config()
     return dataclasses.replace(base, **explicit), args
 
@@ -1752,16 +2107,22 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(args.report)
             if not (run_dir / "metrics.jsonl").is_file():
                 raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
-            written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
+            try:
+                written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
+            except (KeyError, TypeError, ValueError) as e:
+                raise UserError(f"--report {run_dir}: the run record is damaged ({type(e).__name__}: {e})") from None
             print("\n".join(str(p) for p in written))
         elif args.demo:
             run_demo(cfg)
         else:
-            run_training(cfg, resume_from=Path(args.resume) if args.resume else None)
+            run_training(cfg, resume=bool(args.resume))
         if world()[1] > 1:
             dist.barrier()      # no process tears the group down while another still has work in flight
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:     # before a run began (parsing, joining torchrun): nothing was written
+        print("error: interrupted before the run began; nothing was written", file=sys.stderr)
         return 2
     finally:
         if dist.is_available() and dist.is_initialized():

@@ -94,7 +94,8 @@ def test_help_lists_every_flag_with_its_default():
 ])
 def test_bad_input_gives_one_line_exit_2_and_writes_nothing(model_dir, gsm8k_dir, tmp_path, capsys, case, message):
     out = tmp_path / "never-written"
-    code = gh.main(case(model_dir, gsm8k_dir) + ["--output-dir", str(out), "--device", "cpu"])
+    args = case(model_dir, gsm8k_dir)
+    code = gh.main(args if "--report" in args else args + ["--output-dir", str(out), "--device", "cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: ") and message in err[-1], err
     assert not out.exists()
@@ -112,7 +113,7 @@ def test_tokenizerless_model_dir_and_real_exit_code(model_dir, tmp_path):
 def test_an_existing_run_is_never_overwritten(model_dir, gsm8k_dir, tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "metrics.jsonl").write_text("")
+    (out / "config.json").write_text('{"config": {}, "argv": []}')
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out)) == 2
     assert "already holds a run" in capsys.readouterr().err
 
@@ -153,7 +154,7 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, 
     assert proc.returncode == 2 and "Traceback" not in err
     assert f"--resume {out}" in err.strip().splitlines()[-1]
     steps = len((out / "metrics.jsonl").read_text().splitlines())
-    assert (out / "checkpoints" / f"step-{steps}" / "trainer_state.pt").exists()
+    assert (out / "checkpoints" / f"step-{steps}" / "trainer_state.safetensors").exists()
     assert json.loads((out / "summary.json").read_text())["steps"] == steps
     assert (out / "plots" / "reward.png").exists()
 

@@ -1,0 +1,392 @@
+"""A run never loses work, never touches what it does not own, never unpickles, and refuses values that would
+train wrong. One test per defect of the run-safety issue; interrupts are real SIGINTs to real CLI processes."""
+import json
+import math
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import grpo_homework as gh
+from conftest import PROBLEMS, ROOT
+from test_cli import SCRIPT, run_cli, tiny_args
+
+
+def main_err(args, capsys):
+    """gh.main(args) in-process: (exit code, last stderr line)."""
+    code = gh.main([str(a) for a in args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    return code, lines[-1] if lines else ""
+
+
+def files_under(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(model_dir, gsm8k_dir, tmp_path_factory):
+    """A finished 2-step run with checkpoints at both steps; tests copy it before damaging it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "2", "--save-every", "1")) == 0
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    return shutil.copytree(finished_run, tmp_path / "run")
+
+
+def start_cli(args):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    return subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def interrupt_after_line(proc, line, timeout=120):
+    """Send SIGINT as soon as the process prints `line`; return (stdout so far + rest, stderr)."""
+    seen, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        text = proc.stdout.readline()
+        seen.append(text)
+        if text.strip() == line or not text:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=timeout)
+    return "".join(seen) + out, err
+
+
+# ----- 1. every phase survives Ctrl-C and a failure, and --resume finishes -----
+
+# Long greedy answers, so that the evaluations last long enough to be interrupted
+SLOW_EVAL = ("--max-new-tokens", "300", "--eval-batch-size", "1", "--max-steps", "1")
+
+
+@pytest.mark.parametrize("line, phase", [("Evaluating the starting model on 4 test problems...", "the evaluation before training"),
+                                         ("Evaluating the trained model on 4 test problems...",
+                                          "the final evaluation and save")])
+def test_ctrl_c_in_either_evaluation_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path, line, phase):
+    out = tmp_path / "run"
+    proc = start_cli(tiny_args(model_dir, gsm8k_dir, out, *SLOW_EVAL))
+    _, err = interrupt_after_line(proc, line)
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1] == f"error: interrupted during {phase}; resume with: python " \
+                                           f"grpo_homework.py --resume {out}"
+    assert not (out / "eval_after.jsonl").exists() and not (out / "final").exists()
+    again = run_cli(tiny_args(model_dir, gsm8k_dir, out, *SLOW_EVAL))      # the two messages never point at each other
+    assert again.returncode == 2 and f"--resume {out}" in again.stderr
+    resumed = run_cli(["--resume", str(out)])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 1 and (out / "final" / "model.safetensors").exists()
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert len((out / "eval_after.jsonl").read_text().splitlines()) == 4
+    if phase.startswith("the final"):      # the checkpoint written before the final evaluation was resumed from
+        assert "Resuming from" in resumed.stdout and (out / "checkpoints" / "step-1").is_dir()
+
+
+def test_a_failure_while_writing_final_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                        monkeypatch):
+    out = tmp_path / "run"
+    real_save = gh.save_model
+
+    def disk_full(path, *args, **kwargs):
+        if path.name == "final.tmp":
+            path.mkdir()
+            (path / "model.safetensors").write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+        return real_save(path, *args, **kwargs)
+    monkeypatch.setattr(gh, "save_model", disk_full)
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "2"), capsys)
+    assert code == 2 and "No space left on device" in err and err.endswith(f"--resume {out}")
+    assert not (out / "final").exists() and not json.loads((out / "summary.json").read_text())["finished"]
+    monkeypatch.setattr(gh, "save_model", real_save)
+    assert gh.main(["--resume", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["finished"]
+    from transformers import AutoModelForCausalLM
+    assert AutoModelForCausalLM.from_pretrained(out / "final") is not None and not (out / "final.tmp").exists()
+
+
+def test_ctrl_c_during_the_demo_warm_up_is_one_line_and_the_demo_starts_over(tmp_path):
+    out = tmp_path / "demo"
+    proc = start_cli(["--demo", "--output-dir", out])
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "demo_data").exists():   # the warm-up comes right after the data
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert "run the same command again" in err.strip().splitlines()[-1]
+    small = gh.DemoConfig(train_problems=200, test_problems=10, warmup_max_steps=2, warmup_target=1.1)
+    cfg = gh.dataclasses.replace(gh.demo_grpo_config(gh.Config()), max_steps=1, batch_size=2, plot_every=0,
+                                 show_examples=0, output_dir=str(out))
+    assert gh.run_demo(cfg, small)["finished"]
+
+
+# ----- 2. the demo deletes nothing it did not make -----
+
+def test_demo_refuses_a_folder_that_holds_other_files_and_never_deletes_them(tmp_path, capsys):
+    out = tmp_path / "mine"
+    (out / "demo_model").mkdir(parents=True)
+    (out / "thesis.tex").write_text("years of work")
+    code, err = main_err(["--demo", "--output-dir", out], capsys)
+    assert code == 2 and "already holds other files" in err
+    assert (out / "thesis.tex").read_text() == "years of work" and (out / "demo_model").is_dir()
+    (out / "demo.json").write_text('{"demo": true}')      # even with the demo's marker: the thesis is not its own
+    assert main_err(["--demo", "--output-dir", out], capsys)[0] == 2 and (out / "thesis.tex").exists()
+
+
+def test_demo_with_resume_is_refused_and_the_run_is_untouched(run_copy, capsys):
+    before = files_under(run_copy)
+    code, err = main_err(["--demo", "--resume", run_copy], capsys)
+    assert code == 2 and "cannot be combined" in err and files_under(run_copy) == before
+
+
+# ----- 3. the output folder never overwrites the user's files -----
+
+def test_output_dir_that_is_empty_the_model_or_a_used_folder_is_refused(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                        monkeypatch):
+    model_config = (model_dir / "config.json").read_text()
+    cases = [("", "must name a folder"), (model_dir, "inside the model folder"),
+             (model_dir / "sub", "inside the model folder"), (ROOT, "already holds other files")]
+    for out, message in cases:
+        code, err = main_err(tiny_args(model_dir, gsm8k_dir, out), capsys)
+        assert code == 2 and message in err, (out, err)
+    assert (model_dir / "config.json").read_text() == model_config and not (model_dir / "sub").exists()
+    assert not (ROOT / "metrics.jsonl").exists() and not (ROOT / "run.lock").exists()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, "~/runs/a", "--max-steps", "1"), capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "home" / "runs" / "a" / "summary.json").read_text())["finished"]
+    assert not (tmp_path / "~").exists()
+
+
+def test_an_output_dir_that_is_a_file_or_cannot_be_made_is_one_line_before_loading(model_dir, gsm8k_dir, tmp_path,
+                                                                                   capsys):
+    (tmp_path / "file").write_text("x")
+    for out, message in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "cannot use --output-dir")):
+        code = gh.main(tiny_args(model_dir, gsm8k_dir, out))
+        captured = capsys.readouterr()
+        assert code == 2 and message in captured.err and "Loading tokenizer" not in captured.out
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_bad_input_after_the_claim_leaves_no_folder_behind(model_dir, gsm8k_dir, tmp_path, capsys):
+    out = tmp_path / "a" / "b" / "run"
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-prompt-length", "3"), capsys)
+    assert code == 2 and "no test problems left" in err
+    assert not (tmp_path / "a").exists()
+
+
+# ----- 4. resuming never runs code from the checkpoint -----
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['PWNED_PATH']}",))
+
+
+def test_resume_reads_only_json_and_safetensors_and_never_unpickles(run_copy, tmp_path, capsys, monkeypatch):
+    checkpoint = run_copy / "checkpoints" / "step-2"
+    assert sorted(p.name for p in checkpoint.iterdir() if p.name.startswith("trainer_state")) == \
+        ["trainer_state.json", "trainer_state.safetensors"]
+    pwned = tmp_path / "pwned"
+    monkeypatch.setenv("PWNED_PATH", str(pwned))
+    (checkpoint / "trainer_state.pt").write_bytes(pickle.dumps({"state": Payload()}))
+    (checkpoint / "trainer_state.json").unlink()
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and "cannot read checkpoint" in err and "trainer_state.json" in err
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate safetensors", "garbage json", "drop a key"])
+def test_a_damaged_checkpoint_is_one_line_naming_it(run_copy, capsys, damage):
+    checkpoint = run_copy / "checkpoints" / "step-2"
+    if damage == "truncate safetensors":
+        data = (checkpoint / "trainer_state.safetensors").read_bytes()
+        (checkpoint / "trainer_state.safetensors").write_bytes(data[: len(data) // 2])
+    elif damage == "garbage json":
+        (checkpoint / "trainer_state.json").write_text("{not json")
+    else:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        state["items"] = [kv for kv in state["items"] if kv[0] != "rng"]
+        (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and err.startswith("error: cannot read checkpoint") and str(checkpoint) in err
+
+
+def test_checkpoint_state_round_trips_through_json_and_safetensors():
+    state = {"optimizer": {"state": {0: {"step": 3, "exp_avg": torch.randn(2, 3)}}, "param_groups": [
+        {"lr": 1e-6, "betas": (0.9, 0.999), "params": [0]}]}, "rng": [{"python": (3, (1, 2), None),
+                                                                       "torch": torch.get_rng_state()}]}
+    tensors = {}
+    plain = json.loads(json.dumps(gh.to_plain(state, tensors)))
+    back = gh.from_plain(plain, tensors)
+    assert list(back["optimizer"]["state"]) == [0] and back["optimizer"]["state"][0]["step"] == 3
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    assert torch.equal(back["rng"][0]["torch"], state["rng"][0]["torch"])
+    with pytest.raises(TypeError):
+        gh.to_plain({"fn": print}, {})
+
+
+# ----- 5. flag values that would train wrong are refused -----
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-grad-norm", "-1", "must be positive"), ("--max-grad-norm", "0", "must be positive"),
+    ("--advantage-eps", "-1", "must not be negative"), ("--format-reward", "nan", "finite"),
+    ("--format-reward", "-0.5", "must not be negative"), ("--clip-eps-high", "nan", "finite"),
+    ("--clip-eps-high", "1.5", "(0, 1)"), ("--clip-eps-high", "-0.5", "(0, 1)"), ("--kl-coef", "inf", "finite"),
+    ("--kl-coef", "-1", "must not be negative"), ("--temperature", "inf", "finite"),
+    ("--learning-rate", "inf", "finite"), ("--learning-rate", "nan", "finite"), ("--weight-decay", "-0.1", "negative"),
+    ("--seed", str(2**70), "--seed"), ("--seed", "-1", "--seed"), ("--plot-every", "-1", "negative"),
+    ("--device", "meta", "cpu or cuda"), ("--device", "mps", "cpu or cuda"),
+])
+def test_flag_values_that_would_train_wrong_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flag, value, message):
+    out = tmp_path / "run"
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, flag, value), capsys)
+    assert code == 2 and message in err and not out.exists(), err
+
+
+# ----- 6. data that cannot train is refused when loaded -----
+
+@pytest.mark.parametrize("rows, message", [
+    ([{"question": p["question"], "answer": "no marker"} for p in PROBLEMS], "gold answers give no number"),
+    ([{"question": p["question"], "answer": "#### 1,2,3"} for p in PROBLEMS], "gold answers give no number"),
+    ([{"prompt": p["question"], "answer": p["answer"]} for p in PROBLEMS], "no 'question' column"),
+    ([{"question": None, "answer": p["answer"]} for p in PROBLEMS], "questions are not text"),
+])
+def test_data_that_cannot_train_is_one_line(model_dir, tmp_path, capsys, rows, message):
+    data = gh.write_hub_dataset(tmp_path / "data", {"train": rows, "test": rows[:4]})
+    out = tmp_path / "run"
+    code, err = main_err(tiny_args(model_dir, data, out), capsys)
+    assert code == 2 and message in err and not out.exists(), err
+
+
+def test_countdown_on_gsm8k_data_names_the_missing_column(model_dir, gsm8k_dir, tmp_path, capsys):
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", "--task", "countdown"), capsys)
+    assert code == 2 and "no 'nums' or 'numbers' column" in err
+
+
+def test_a_few_unparsable_golds_are_dropped_with_a_warning_and_numeric_golds_are_read(capsys):
+    rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(199)] + [{"question": "q", "answer": "?"}]
+    questions, golds = gh.checked_problems(rows, gh.TASKS["gsm8k"], "data")
+    assert len(golds) == 199 and golds[5] == 5.0 and "dropped 1 of 200" in capsys.readouterr().err
+    assert gh.checked_problems([{"question": "q", "answer": 7}], gh.TASKS["gsm8k"], "data")[1] == [7.0]
+
+
+# ----- 7. one folder, one run -----
+
+def test_two_runs_started_together_on_one_folder_do_not_interleave(model_dir, gsm8k_dir, tmp_path):
+    out = tmp_path / "run"
+    procs = [start_cli(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "2")) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    assert sorted(code for code, _ in results) == [0, 2], results
+    loser = next(err for code, err in results if code == 2)
+    assert "another run is using" in loser or "already holds a run" in loser
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+# ----- 8. what used to be tracebacks is one line -----
+
+def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, tmp_path, capsys, monkeypatch):
+    broken = shutil.copytree(model_dir, tmp_path / "broken-model")
+    (broken / "model.safetensors").write_bytes(b"\x00" * 100)
+    code, err = main_err(tiny_args(broken, gsm8k_dir, tmp_path / "r1"), capsys)
+    assert code == 2 and "cannot load model" in err and not (tmp_path / "r1").exists()
+
+    code, err = main_err(["--resume", run_copy, "--output-dir", tmp_path / "elsewhere"], capsys)
+    assert code == 2 and "leave out --output-dir" in err
+
+    saved = json.loads((run_copy / "config.json").read_text())
+    (run_copy / "config.json").write_text(json.dumps({**saved, "config": {**saved["config"], "new_knob": 1}}))
+    assert "unknown setting" in main_err(["--resume", run_copy], capsys)[1]
+    (run_copy / "config.json").write_text("{torn")
+    assert "not a run directory" in main_err(["--resume", run_copy], capsys)[1]
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2"), capsys)
+    assert code == 2 and "launch with torchrun" in err and not (tmp_path / "r2").exists()
+
+
+def test_a_half_written_last_metrics_line_is_dropped_on_resume(run_copy, capsys):
+    with open(run_copy / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')
+    assert gh.main(["--resume", str(run_copy), "--max-steps", "3"]) == 0
+    assert "half-written last line" in capsys.readouterr().err
+    assert [json.loads(x)["step"] for x in (run_copy / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_finished_run_is_not_resumed_without_more_steps(run_copy, capsys):
+    code, err = main_err(["--resume", run_copy], capsys)
+    assert code == 2 and "finished after 2 steps" in err
+
+
+def test_resume_refuses_flags_that_change_what_the_run_learns(run_copy, capsys):
+    config = (run_copy / "config.json").read_text()
+    for flag, value in (("--group-size", "2"), ("--task", "countdown"), ("--learning-rate", "0.1")):
+        code, err = main_err(["--resume", run_copy, flag, value, "--max-steps", "3"], capsys)
+        assert code == 2 and f"--resume cannot change {flag}" in err
+    assert (run_copy / "config.json").read_text() == config
+
+
+def test_modes_refuse_flags_they_would_ignore(model_dir, run_copy, capsys):
+    assert "leave out MODEL_PATH" in main_err(["--demo", model_dir], capsys)[1]
+    assert "takes no other flags" in main_err(["--report", run_copy, "--group-size", "4"], capsys)[1]
+
+
+def test_chat_prompts_without_a_chat_template_are_refused(model_dir, gsm8k_dir, tmp_path, capsys):
+    plain = shutil.copytree(model_dir, tmp_path / "no-template")
+    for name in ("chat_template.jinja",):
+        (plain / name).unlink(missing_ok=True)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    code, err = main_err(tiny_args(plain, gsm8k_dir, tmp_path / "run"), capsys)
+    assert code == 2 and "--prompt-style plain" in err and not (tmp_path / "run").exists()
+
+
+# ----- 9. --report writes only regular files inside the run folder -----
+
+def test_report_never_writes_through_a_symlink_and_names_damage(run_copy, tmp_path, capsys):
+    outside = tmp_path / "outside.md"
+    outside.write_text("mine")
+    (run_copy / "before_after.md").unlink()
+    (run_copy / "before_after.md").symlink_to(outside)
+    code, err = main_err(["--report", run_copy], capsys)
+    assert code == 2 and "not a regular file" in err and outside.read_text() == "mine"
+
+    (run_copy / "before_after.md").unlink()
+    shutil.rmtree(run_copy / "plots")
+    (tmp_path / "elsewhere").mkdir()
+    (run_copy / "plots").symlink_to(tmp_path / "elsewhere")
+    assert main_err(["--report", run_copy], capsys)[0] == 2 and not list((tmp_path / "elsewhere").iterdir())
+
+    (run_copy / "plots").unlink()
+    (run_copy / "summary.json").write_text("[1, 2")
+    code, err = main_err(["--report", run_copy], capsys)
+    assert code == 2 and "summary.json" in err
+    (run_copy / "summary.json").write_text("{}")
+    (run_copy / "metrics.jsonl").write_text('{"step": 1}\n')
+    code, err = main_err(["--report", run_copy], capsys)
+    assert code == 2 and "damaged" in err
+
+
+# ----- extraction: a number is a whole token -----
+
+@pytest.mark.parametrize("text, number", [("#### 1,2,3", None), ("#### 3/4", None), ("#### 1e309", None),
+                                          ("#### 1" + "0" * 400, None), ("#### 12kg", None), ("#### 1,234.", 1234.0),
+                                          ("#### $-5", -5.0), ("\\boxed{42}", 42.0), ("The answer is: **18**.", 18.0)])
+def test_a_number_is_the_whole_token_after_the_marker(text, number):
+    assert gh.extract_answer_from_completion(text) == number
+
+
+def test_the_format_bonus_needs_a_number_on_the_answer_line():
+    assert gh.is_well_formed_gsm8k("so\n#### 42") and not gh.is_well_formed_gsm8k("#### " + "9" * 100_000)
+    rewards = gh.compute_reward(["#### " + "9" * 100_000, "#### 3/4", "#### 7"], [1.0, 1.0, 7.0], format_reward=0.1)
+    assert rewards.tolist() == pytest.approx([0.0, 0.0, 1.1])
+    assert math.isclose(gh.GSM8KDataset.extract_answer("x\n#### 2,000"), 2000.0)
