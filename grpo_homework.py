@@ -850,10 +850,10 @@ def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
         return rollout
     keep = rollout.advantages != 0                                          # [rows]
     (needed,) = all_reduce(keep.sum().item(), op="max")
-    # Every row has signal, or none has anywhere: all run (with none, leaving out the backward would also skip
-    # the optimizer's momentum step, which a zero gradient still takes).
-    if needed in (0, len(keep)):
+    if needed == len(keep):
         return rollout
+    # With no signal on any process no row runs at all; grpo_update still takes the optimizer's step on the
+    # zero gradient, since AdamW's momentum moves the weights even then.
     rows = torch.cat([keep.nonzero(), (~keep).nonzero()[: int(needed) - int(keep.sum())]]).squeeze(1).sort().values
     return Rollout(**{f.name: pick_rows(getattr(rollout, f.name), rows) for f in dataclasses.fields(Rollout)})
 
@@ -914,7 +914,7 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     old = rollout_logprobs(scorer, rollout, cfg) if cfg.ppo_epochs > 1 else None
     ref = rollout_logprobs(PolicyLogprobs(ref_model), rollout, cfg) if ref_model is not None and cfg.kl_coef > 0 \
         else None
-    chunks = list(micro_batches(rollout, cfg.micro_batch_size))
+    chunks = list(micro_batches(rollout, cfg.micro_batch_size))          # none when no row has signal
     weights = [micro_batch_weight(rollout.loss_mask[rows, :used], rows_all, tokens_all, cfg.loss_agg, world()[1])
                for rows, used in chunks]
     # This process's share of the loss, so that stats average the rows it trained on; 0 when every completion
@@ -942,6 +942,9 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
             epoch_loss += weight * loss.item()
             stats["clipfrac"] += weight / covered * mb_stats["clipfrac"] / cfg.ppo_epochs
             stats["approx_kl"] += weight / covered * mb_stats["approx_kl"] / cfg.ppo_epochs
+        if not chunks:               # the gradient the skipped passes would have produced: exactly 0
+            for p in params:
+                p.grad = torch.zeros_like(p)
         epoch_loss = all_reduce(epoch_loss)[0] / world()[1]         # every process decides the same skip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()

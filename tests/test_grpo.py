@@ -298,6 +298,43 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
         p.data.copy_(s)
 
 
+def test_a_step_without_signal_runs_no_pass_and_still_takes_the_optimizer_step(model_and_tokenizer):
+    """No group with reward spread: no forward or backward at all, and the weights end exactly where the full
+    passes (an exactly-zero gradient) and AdamW's momentum step would have put them."""
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
+    signal = _rollout(model, tok, cfg)
+    silent = _rollout(model, tok, cfg, seed=1)
+    silent.advantages.zero_()
+    start = [p.detach().clone() for p in model.parameters()]
+
+    def reset_and_build():
+        for p, s in zip(model.parameters(), start):
+            p.data.copy_(s)
+        optimizer = gh.build_optimizer(model.parameters(), lr=1e-2)
+        gh.grpo_update(model, optimizer, signal, cfg)              # momentum now non-zero
+        return optimizer
+
+    optimizer = reset_and_build()                                  # reference: the passes run over every row
+    lp = gh.compute_logprobs_from_model(model, silent.output_ids, silent.attention_mask,
+                                        prompt_length=silent.prompt_length)
+    gh.compute_policy_loss(lp, lp.detach(), silent.advantages, silent.loss_mask).backward()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()), cfg.max_grad_norm)
+    optimizer.step()
+    expected = [p.detach().clone() for p in model.parameters()]
+
+    optimizer = reset_and_build()
+    rows_seen = []
+    hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
+                                                 with_kwargs=True)
+    stats = gh.grpo_update(model, optimizer, silent, cfg)
+    hook.remove()
+    assert rows_seen == [] and stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
+    assert any(not torch.equal(p, s) for p, s in zip(model.parameters(), start))
+    assert all(torch.equal(p, e) for p, e in zip(model.parameters(), expected))
+
+
 def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epochs(model_and_tokenizer):
     model, tok = model_and_tokenizer
     cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)

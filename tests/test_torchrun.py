@@ -33,6 +33,9 @@ def test_two_processes_with_two_prompts_each_equal_one_process_with_all_four(tmp
         assert len(moved) >= len(one_process) - 1, "the step must move (almost) every weight"
         for name, weight in one_process.items():
             torch.testing.assert_close(two_processes[loss_agg][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    for name, weight in update_once("seq-mean", "ddp", silent=True).items():   # no pass ran, no process hung
+        torch.testing.assert_close(weight, start[name] * (1 - 0.1 * 0.1), rtol=0, atol=1e-7, msg=name)
+        torch.testing.assert_close(two_processes["silent"][name], weight, rtol=0, atol=1e-7, msg=name)
 
 
 def test_check_replicas_catches_differing_weights_and_oom_is_reported_not_retried(tmp_path):

@@ -48,13 +48,20 @@ def tiny_policy():
     return tokenizer, gh.build_tiny_model(tokenizer, seed=0, hidden=32, layers=2)
 
 
-def update_once(loss_agg: str, parallel: str, rows: slice | None = None) -> dict:
-    """Weights after one step from the shared start, on all rows (one process) or on this rank's rows."""
+def update_once(loss_agg: str, parallel: str, rows: slice | None = None, silent: bool = False) -> dict:
+    """Weights after one step from the shared start, on all rows (one process) or on this rank's rows.
+
+    silent: no group has reward spread on any process, so no process runs a pass; AdamW (lr 0.1, weight decay
+    0.1) still steps on the zero gradient, which moves every weight by exactly its decay."""
     tokenizer, model = tiny_policy()
     cfg = gh.Config(loss_agg=loss_agg, parallel=parallel, micro_batch_size=3, max_new_tokens=6, max_grad_norm=1e9)
     scorer = gh.wrap_for_processes(gh.PolicyLogprobs(model), cfg, torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     rollout = fixed_rollout(tokenizer)
+    if silent:
+        rollout.advantages.zero_()
+        optimizer = gh.build_optimizer(model.parameters(), lr=0.1)
+        optimizer.param_groups[0]["weight_decay"] = 0.1
     gh.grpo_update(model, optimizer, take_rows(rollout, rows) if rows else rollout, cfg, scorer=scorer)
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
             for name, p in model.named_parameters()}
@@ -68,6 +75,8 @@ if __name__ == "__main__":
     if mode == "update":
         result = {agg: update_once(agg, sys.argv[3], slice(rank * 2 * GROUP, (rank + 1) * 2 * GROUP))
                   for agg in ("seq-mean", "token-mean")}
+        result["silent"] = update_once("seq-mean", sys.argv[3], slice(rank * 2 * GROUP, (rank + 1) * 2 * GROUP),
+                                       silent=True)
         if rank == 0:
             torch.save(result, out)
     elif mode == "desync":
