@@ -1,0 +1,127 @@
+"""The pipeline on a real pretrained instruct model: SmolLM2-135M-Instruct (Llama architecture, ChatML, a
+49,152-token BPE vocabulary, <|im_end|> as both EOS and pad, a template that inserts its own system prompt).
+
+`.ci/run` builds it once with ../shared/tools/smollm2.py into $GRPO_SMOLLM2 (default
+~/.cache/grpo-homework/SmolLM2-135M-Instruct). Elsewhere these tests skip when it is absent; in CI they fail.
+"""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo_homework as gh
+from conftest import SHARED_GSM8K
+from test_cli import PROGRESS, run_cli
+
+SMOLLM2 = Path(os.environ.get("GRPO_SMOLLM2") or
+               Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-homework" /
+               "SmolLM2-135M-Instruct")
+QUESTIONS = ["Tom has 3 apples and buys 4 more. How many apples does he have?",
+             "A box holds 12 pens. How many pens are in 5 boxes? Think about it carefully before answering."]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not (SMOLLM2 / "config.json").is_file():
+        message = f"SmolLM2-135M-Instruct not built at {SMOLLM2}: python ../shared/tools/smollm2.py {SMOLLM2}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must build the real model first ({message})")
+        pytest.skip(message)
+    torch.manual_seed(0)
+    return gh.load_model_and_tokenizer(str(SMOLLM2), torch.device("cpu"), "float32")
+
+
+def chat_batch(tokenizer):
+    """Two chat prompts of different lengths, left-padded as the pipeline pads them."""
+    items = []
+    for q in QUESTIONS:
+        ids = torch.tensor(tokenizer(gh.build_prompt(q, tokenizer, "chat"), add_special_tokens=False)["input_ids"])
+        items.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "prompt": q, "question": q,
+                      "answer": 0.0})
+    return gh.collate_prompts(items, tokenizer)
+
+
+def test_the_prompt_carries_our_instruction_instead_of_smollms_default(smollm2):
+    _, tokenizer = smollm2
+    prompt = gh.build_prompt(QUESTIONS[0], tokenizer, "chat")
+    assert gh.GSM8K_INSTRUCTION in prompt and "named SmolLM" not in prompt
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert prompt.count("<|im_start|>") == 3
+
+
+def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2):
+    """What generate sampled from (its processed scores: logits / T, nothing else) is what the loss scores."""
+    model, tokenizer = smollm2
+    batch = chat_batch(tokenizer)
+    assert (batch["attention_mask"][:, 0] == 0).any(), "one prompt must be left-padded"
+    temperature, new, samples = 0.7, 12, 2
+    eos = gh.eos_token_ids(model, tokenizer)
+    config = gh.sampling_config(temperature, new, eos, tokenizer.pad_token_id)
+    ids = batch["input_ids"].repeat_interleave(samples, 0)
+    mask = batch["attention_mask"].repeat_interleave(samples, 0)
+    torch.manual_seed(1)
+    with gh.inference_mode(model):
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, output_scores=True,
+                             return_dict_in_generate=True)
+    prompt_length = ids.shape[1]
+    sampled = out.sequences[:, prompt_length:]                                         # [rows, new]
+    sampler = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)   # [rows, new, vocab]
+    sampler = sampler.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+    full_mask = torch.cat([mask, torch.ones_like(sampled)], 1)
+    with torch.no_grad():
+        scored = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
+                                                prompt_length=prompt_length)[:, prompt_length:]
+    # up to and including each row's first EOS (after it, generate only pads)
+    is_eos = torch.isin(sampled, torch.tensor(eos))
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), sampled.shape[1])
+    valid = torch.arange(sampled.shape[1]).unsqueeze(0) <= first.unsqueeze(1)
+    assert valid.sum() >= 20
+    torch.testing.assert_close(scored[valid], sampler[valid], rtol=0, atol=2e-4)
+
+
+def test_completion_masks_end_at_the_first_im_end(smollm2):
+    model, tokenizer = smollm2
+    batch = chat_batch(tokenizer)
+    torch.manual_seed(0)
+    out = gh.generate_completions(model, tokenizer, batch["input_ids"], batch["attention_mask"],
+                                  max_new_tokens=48, temperature=1.0, num_samples=4)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in gh.eos_token_ids(model, tokenizer) and tokenizer.pad_token_id == im_end
+    prompt_length = out["prompt_length"]
+    new_ids = out["output_ids"][:, prompt_length:]
+    mask = out["completion_mask"][:, prompt_length:]
+    ended = 0
+    for row, m, text, cut in zip(new_ids.tolist(), mask.tolist(), out["completions"], out["truncated"].tolist()):
+        if cut:
+            assert all(m) and im_end not in row
+            continue
+        ended += 1
+        first = row.index(im_end)
+        assert m == [1] * (first + 1) + [0] * (len(row) - first - 1)          # the EOS counts, padding does not
+        assert "<|im_end|>" not in text and text == tokenizer.decode(row[:first], skip_special_tokens=True)
+    assert ended >= 1, "some completion should end within 48 tokens"
+
+
+@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason="the real GSM8K is not in ../shared/gsm8k")
+def test_a_two_step_cli_run_on_real_gsm8k_writes_the_whole_record(smollm2, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli([str(SMOLLM2), "--dataset", str(SHARED_GSM8K), "--output-dir", str(out), "--device", "cpu",
+                      "--train-size", "8", "--eval-size", "2", "--batch-size", "1", "--group-size", "4",
+                      "--max-new-tokens", "16", "--generation-batch-size", "4", "--max-steps", "2",
+                      "--temperature", "0.7", "--learning-rate", "1e-5", "--lr-warmup-steps", "0"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [line for line in result.stdout.splitlines() if line in PROGRESS] == PROGRESS
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["samples"] == 4 for m in metrics)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 2 and "accuracy_after" in summary
+    for name in ("eval_before.jsonl", "eval_after.jsonl"):
+        records = [json.loads(line) for line in (out / name).read_text().splitlines()]
+        assert len(records) == 2 and records[0]["question"].startswith("Janet")     # GSM8K test row 0
+    assert (out / "before_after.md").exists() and (out / "plots" / "reward.png").exists()
+    assert (out / "checkpoints" / "step-2" / "trainer_state.safetensors").exists()
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(out / "final").eos_token == "<|im_end|>"
+    assert (out / "final" / "model.safetensors").stat().st_size > 500e6
