@@ -1,0 +1,203 @@
+"""The real job's memory and speed with Qwen2.5-1.5B-Instruct's exact shape, randomly initialised (no download).
+
+Weights are not needed to measure memory and speed: a model of Qwen2.5-1.5B's configuration allocates and
+computes exactly as the real one. It runs the pipeline's own functions (generate_completions, grpo_update with
+micro-batches, build_optimizer, save_checkpoint) on synthetic prompts of GSM8K's length, in the CLI's precision
+(bf16 on CUDA, fp32 on CPU), and prints per config: peak allocated and reserved GPU memory, seconds for
+generation and update, generated and update tokens/s, and the decode step against its bandwidth bound (weight
+bytes / memory bandwidth, measured with a large copy in the same run). Then greedy generation three ways on the
+same prompts: as the pipeline calls `generate` (dynamic KV cache), with a static cache, and with a static cache
+plus torch.compile; tokens/s side by side, and whether all three give identical tokens.
+
+A random model almost never samples EOS, so every completion runs to --max-new-tokens: the worst case.
+
+Not collected by pytest (the name does not start with test_). Run on a GPU:
+    python tests/bench_gpu.py                                   # the CLI's defaults
+    python tests/bench_gpu.py --batch-size 4 --micro-batch-size 8 --max-new-tokens 512   # a row of README's table
+On CPU (a smoke test, not a timing): python tests/bench_gpu.py --layers 2 --max-new-tokens 8 --steps 1
+"""
+import argparse
+import copy
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpo_homework as gh  # noqa: E402
+
+QWEN25_15B = dict(vocab_size=151_936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6,
+                  max_position_embeddings=32_768)
+EOS, PAD = 151_645, 151_643            # <|im_end|> and <|endoftext|>, as Qwen2.5-Instruct declares them
+
+
+class SyntheticTokenizer:
+    """What rollout, update and checkpointing ask of a tokenizer, for ids of Qwen's vocabulary."""
+    eos_token_id, pad_token_id = EOS, PAD
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+    def save_pretrained(self, path):
+        pass
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build_model(layers: int, device: torch.device):
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32      # the CLI's --dtype auto
+    model = Qwen2ForCausalLM(Qwen2Config(**{**QWEN25_15B, "num_hidden_layers": layers})).to(device, dtype)
+    model.generation_config = GenerationConfig(eos_token_id=[EOS, PAD], pad_token_id=PAD)
+    return model
+
+
+def memory_bandwidth(device) -> float:
+    """Bytes per second of a large device-to-device copy (read + write counted)."""
+    x = torch.empty(2**28 if device.type == "cuda" else 2**26, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    sync(device)
+    return 2 * x.numel() * 10 / (time.perf_counter() - t0)
+
+
+def synthetic_batch(cfg, prompt_tokens: int, device) -> dict:
+    ids = torch.randint(0, 150_000, (cfg.batch_size, prompt_tokens), device=device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device) -> dict:
+    """Rollout + update per step, as train_grpo runs them, with random rewards so every group has signal."""
+    tokenizer = SyntheticTokenizer()
+    optimizer = gh.build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    gen_s = update_s = 0.0
+    new_tokens = update_tokens = 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(steps):
+        batch = synthetic_batch(cfg, prompt_tokens, device)
+        sync(device)
+        t0 = time.perf_counter()
+        sample = gh.generate_completions(model, tokenizer, batch["input_ids"], batch["attention_mask"],
+                                         cfg.max_new_tokens, cfg.temperature, cfg.group_size,
+                                         batch_size=cfg.generation_batch_size)
+        sync(device)
+        t1 = time.perf_counter()
+        rewards = (torch.rand(sample["output_ids"].shape[0]) < 0.5).float()
+        rollout = gh.Rollout(sample["output_ids"], sample["attention_mask"], sample["completion_mask"].bool(),
+                             sample["prompt_length"], sample["completions"], rewards,
+                             gh.compute_advantages_grpo(rewards, cfg.group_size), sample["truncated"].cpu(),
+                             sample["completion_lengths"].cpu())
+        gh.grpo_update(model, optimizer, rollout, cfg)
+        sync(device)
+        t2 = time.perf_counter()
+        if step:                    # the first step pays for allocator warm-up and kernel selection
+            gen_s, update_s = gen_s + t1 - t0, update_s + t2 - t1
+            new_tokens += int(sample["completion_lengths"].sum())
+            update_tokens += int(rollout.attention_mask.sum())
+    timed = max(steps - 1, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        gh.save_checkpoint(Path(tmp), model, tokenizer, optimizer, scheduler,
+                           {"step": steps, "epoch": 0, "batch_in_epoch": steps})
+        checkpoint_s = time.perf_counter() - t0
+    out = {"gen_s": gen_s / timed, "update_s": update_s / timed, "gen_tok_s": new_tokens / max(gen_s, 1e-9),
+           "update_tok_s": update_tokens / max(update_s, 1e-9), "checkpoint_s": checkpoint_s,
+           "decode_step_ms": 1e3 * gen_s / timed / (cfg.max_new_tokens *
+                                                    -(-cfg.batch_size * cfg.group_size // cfg.generation_batch_size))}
+    if device.type == "cuda":
+        out.update(peak_alloc_gb=torch.cuda.max_memory_allocated() / 2**30,
+                   peak_reserved_gb=torch.cuda.max_memory_reserved() / 2**30)
+    return out
+
+
+def generation_three_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> dict:
+    """Greedy tokens/s: the pipeline's generate call, a static KV cache, a static cache + torch.compile."""
+    from transformers import CompileConfig
+    batch = synthetic_batch(cfg, prompt_tokens, device)
+    rows = batch["input_ids"].repeat_interleave(cfg.group_size, 0)
+    mask = torch.ones_like(rows)
+    tokenizer = SyntheticTokenizer()
+    config = gh.sampling_config(0.0, cfg.max_new_tokens, [EOS, PAD], PAD)
+    compile_everywhere = CompileConfig()
+    compile_everywhere._compile_all_devices = True        # transformers compiles only on accelerators otherwise
+    ways = {"pipeline (dynamic cache)": None,
+            "static cache": dict(cache_implementation="static", disable_compile=True),
+            "static cache + compile": dict(cache_implementation="static", compile_config=compile_everywhere)}
+    results, tokens = {}, {}
+    for name, extra in ways.items():
+        for attempt in range(2):               # the second call is timed: compilation and warm-up are not
+            sync(device)
+            t0 = time.perf_counter()
+            if extra is None:
+                out = gh.generate_completions(model, tokenizer, rows, mask, cfg.max_new_tokens, temperature=0.0,
+                                              num_samples=1)["output_ids"]
+            else:
+                way = copy.deepcopy(config)
+                for key, value in extra.items():
+                    setattr(way, key, value)
+                with gh.inference_mode(model):
+                    out = model.generate(input_ids=rows, attention_mask=mask, generation_config=way)
+            sync(device)
+            seconds = time.perf_counter() - t0
+        tokens[name] = out[:, rows.shape[1]:]
+        results[name] = tokens[name].numel() / seconds
+    first = next(iter(tokens.values()))
+    identical = all(t.shape == first.shape and torch.equal(t, first) for t in tokens.values())
+    return {"tok_s": results, "identical": identical}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--layers", type=int, default=QWEN25_15B["num_hidden_layers"], help="28 = the real depth")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per config; the first is not timed")
+    parser.add_argument("--prompt-tokens", type=int, default=100, help="GSM8K's chat prompts are about 100 tokens")
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile generation")
+    for name in ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(gh.Config, name))
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    cfg = gh.Config(**{k: getattr(args, k) for k in ("batch_size", "group_size", "max_new_tokens",
+                                                     "micro_batch_size", "generation_batch_size")})
+    gh.validate_config(cfg)
+    model = build_model(args.layers, device)
+    if device.type == "cuda":
+        gh.enable_checkpointing(model)        # the CLI's --gradient-checkpointing auto
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = memory_bandwidth(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"{name}: Qwen2.5-1.5B shape, {args.layers} layers, {weight_bytes / 2**30:.2f} GiB of weights "
+          f"({next(model.parameters()).dtype}); copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print(f"config: {cfg.batch_size} prompts x {cfg.group_size} samples x {cfg.max_new_tokens} new tokens, "
+          f"prompt {args.prompt_tokens} tokens, micro-batch {cfg.micro_batch_size}, generation batch "
+          f"{cfg.generation_batch_size}")
+    r = training_steps(model, cfg, args.steps, args.prompt_tokens, device)
+    bound_ms = 1e3 * weight_bytes / bandwidth
+    memory = (f"peak allocated {r['peak_alloc_gb']:.1f} GiB, reserved {r['peak_reserved_gb']:.1f} GiB"
+              if "peak_alloc_gb" in r else "peak GPU memory n/a on CPU")
+    print(f"step: generation {r['gen_s']:.2f} s ({r['gen_tok_s']:.0f} new tok/s), update {r['update_s']:.2f} s "
+          f"({r['update_tok_s']:.0f} tok/s), checkpoint {r['checkpoint_s']:.1f} s; {memory}")
+    print(f"decode step {r['decode_step_ms']:.2f} ms vs bandwidth bound {bound_ms:.2f} ms "
+          f"({bound_ms / r['decode_step_ms']:.0%} of the bound)")
+    if args.skip_compile:
+        return
+    g = generation_three_ways(model, cfg, args.prompt_tokens, device)
+    print("greedy generation, new tokens/s: " + ", ".join(f"{k} {v:.0f}" for k, v in g["tok_s"].items()) +
+          f"; identical tokens: {g['identical']}")
+
+
+if __name__ == "__main__":
+    main()
