@@ -26,11 +26,11 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
 
 Run:
-    python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2.5 min)
+    python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~3 min)
     python grpo_homework.py MODEL_PATH                 # the homework run (GSM8K in ./gsm8k, 24 GB GPU)
     python grpo_homework.py MODEL_PATH --help          # every flag with its default
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
-    python grpo_homework.py --resume RUN_DIR           # continue a run from its last checkpoint
+    python grpo_homework.py --resume RUN_DIR           # finish a run stopped in any phase, or train it further
     torchrun --nproc_per_node=N grpo_homework.py MODEL_PATH [--parallel fsdp]   # N GPUs, data-parallel
 """
 
