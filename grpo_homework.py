@@ -127,6 +127,11 @@ class Config:
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
 
 
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a Config field: group_size -> --group-size."""
+    return "--" + field_name.replace("_", "-")
+
+
 def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """The CLI, one flag per Config field; defaults=False leaves out every default (to see what was typed)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -138,7 +143,7 @@ def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
             parser.add_argument("model_path", nargs="?", help=kwargs["help"],
                                 **({"default": f.default} if defaults else {}))
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(f.name)
         if isinstance(f.default, bool):
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
@@ -160,21 +165,18 @@ def validate_config(cfg: Config) -> None:
         if not ok:
             raise UserError(message)
 
-    def flag(name: str) -> str:
-        return "--" + name.replace("_", "-")
-
     for f in dataclasses.fields(Config):     # nan and inf pass every comparison below, or fail it silently
         if isinstance(f.default, float):
-            require(math.isfinite(getattr(cfg, f.name)), f"{flag(f.name)} must be a finite number")
+            require(math.isfinite(getattr(cfg, f.name)), f"{flag_name(f.name)} must be a finite number")
     require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
     require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
     require(cfg.temperature > 0, "--temperature must be positive for training (sampling and log-probs divide by it)")
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
                  "ppo_epochs", "logprob_chunk_size", "max_prompt_length", "learning_rate", "max_grad_norm"):
-        require(getattr(cfg, name) > 0, f"{flag(name)} must be positive")
+        require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
     for name in ("train_size", "eval_size", "max_steps", "save_every", "plot_every", "show_examples",
                  "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
-        require(getattr(cfg, name) >= 0, f"{flag(name)} must not be negative")
+        require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
     require(cfg.generation_batch_size % cfg.group_size == 0,
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
     require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
@@ -972,14 +974,14 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
                 torch.cuda.empty_cache()
             size = getattr(cfg, knob)
             if world()[1] > 1:       # processes cannot each halve on their own without falling out of step
-                raise UserError(f"out of GPU memory under torchrun: lower --{knob.replace('_', '-')} (now {size})") \
+                raise UserError(f"out of GPU memory under torchrun: lower {flag_name(knob)} (now {size})") \
                     from None
             floor = cfg.group_size if knob == "generation_batch_size" else 1
             if size <= floor:
-                raise UserError(f"out of GPU memory even at --{knob.replace('_', '-')} {size}: lower --max-new-tokens,"
+                raise UserError(f"out of GPU memory even at {flag_name(knob)} {size}: lower --max-new-tokens,"
                                 f" --group-size or --batch-size") from None
             setattr(cfg, knob, max(floor, (size // 2) // floor * floor))
-            print(f"warning: out of GPU memory; retrying with --{knob.replace('_', '-')} {getattr(cfg, knob)}",
+            print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}",
                   file=sys.stderr)
 
 
@@ -1593,11 +1595,11 @@ def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Ca
     model = Path(model_path).expanduser().resolve() if model_path else None
     if model is not None and model.is_dir() and (run_dir.resolve() == model or model in run_dir.resolve().parents):
         raise UserError(f"--output-dir {run_dir} is inside the model folder {model_path}: choose a folder outside it")
-    if resume or not foreign_entries(run_dir) or clearable(run_dir):
+    others = [] if resume else foreign_entries(run_dir)
+    if not others or clearable(run_dir):
         return
     if is_run_dir(run_dir):
         raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
-    others = foreign_entries(run_dir)
     raise UserError(f"--output-dir {run_dir} already holds other files ({', '.join(others[:3])}"
                     f"{', ...' if len(others) > 3 else ''}): choose a new or empty folder; a run never writes among "
                     f"files it did not make")
@@ -2095,7 +2097,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         changed = sorted(k for k, v in explicit.items()
                          if k not in RESUME_MAY_CHANGE | {"output_dir"} and v != getattr(base, k))
         if changed:
-            raise UserError(f"--resume cannot change {', '.join('--' + k.replace('_', '-') for k in changed)}: "
+            raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
                             f"the run was trained with other values (start a new run instead)")
         return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
     base = demo_grpo_config(Config()) if args.demo else Config()
