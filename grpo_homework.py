@@ -202,7 +202,9 @@ COUNTDOWN_INSTRUCTION = ("Using each of the given numbers at most once, with + -
 
 def build_prompt(question: str, tokenizer=None, style: str = "plain", instruction: str = GSM8K_INSTRUCTION) -> str:
     """The template's plain prompt, or the tokenizer's chat template asking for the task's answer format."""
-    if style == "chat" and getattr(tokenizer, "chat_template", None):
+    if style == "chat":
+        if not getattr(tokenizer, "chat_template", None):   # falling back to plain would mislabel the run
+            raise UserError("the tokenizer has no chat template: pass --prompt-style plain")
         messages = [{"role": "system", "content": instruction}, {"role": "user", "content": question}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return PLAIN_PROMPT.format(question=question)
@@ -243,7 +245,7 @@ class GSM8KDataset(Dataset):
         self.prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
         self.questions, self.answers, self.encodings = questions, answers, None
         if tokenizer is not None:
-            self._tokenize_and_drop_long(prompt_style == "chat" and bool(getattr(tokenizer, "chat_template", None)))
+            self._tokenize_and_drop_long(has_chat_markup=prompt_style == "chat")
 
     # ----- TODO 1: tokenize each prompt (once, here, so over-long prompts can be dropped before training) -----
     def _tokenize_and_drop_long(self, has_chat_markup: bool) -> None:
@@ -1716,8 +1718,6 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
 
     print("Loading tokenizer and model...")
     model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
-    if cfg.prompt_style == "chat" and not getattr(tokenizer, "chat_template", None):
-        raise UserError(f"{cfg.model_path} has no chat template: pass --prompt-style plain")
     ref_model = None
     if cfg.kl_coef > 0:
         ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
