@@ -159,6 +159,36 @@ class UserError(Exception):
     """Bad input: main prints the message as one line and exits with status 2."""
 
 
+# Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector), so a Ctrl-C
+# that lands there would be lost and the run would go on. main() latches every Ctrl-C; check_ctrl_c raises a
+# lost one again at the next batch.
+_ctrl_c = {"pressed": False}
+
+
+def on_ctrl_c(signum, frame):
+    _ctrl_c["pressed"] = True
+    raise KeyboardInterrupt
+
+
+def check_ctrl_c() -> None:
+    if _ctrl_c["pressed"]:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_latch():
+    """Latch Ctrl-C while the block runs, and keep quiet about one Python dropped (it is raised again)."""
+    _ctrl_c["pressed"] = False
+    previous = signal.signal(signal.SIGINT, on_ctrl_c), sys.unraisablehook
+    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, KeyboardInterrupt) else previous[1](u)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        sys.unraisablehook = previous[1]
+        _ctrl_c["pressed"] = False
+
+
 def validate_config(cfg: Config) -> None:
     """Raise UserError naming the first flag whose value cannot train as intended."""
     def require(ok: bool, message: str) -> None:
@@ -638,6 +668,7 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     Returns output_ids [rows, prompt + new], attention_mask (what sampling attended to), completion_mask
     (1 up to and including the first EOS, by position), prompt_length, completions (text), truncated [rows].
     """
+    check_ctrl_c()
     from transformers import GenerationConfig
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
@@ -1972,6 +2003,7 @@ def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, 
     probe_golds = [GSM8KDataset.extract_answer(p["answer"]) for p in problems[:64]]
     rng = random.Random(seed)
     for step in range(1, demo.warmup_max_steps + 1):
+        check_ctrl_c()
         idx = rng.sample(range(len(problems)), demo.warmup_batch)
         prompt_ids = tokenizer([prompts[i] for i in idx])["input_ids"]
         target_ids = tokenizer([targets[i] for i in idx], add_special_tokens=False)["input_ids"]
@@ -2105,6 +2137,11 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with ctrl_c_latch():
+        return run_main(argv)
+
+
+def run_main(argv: list[str] | None) -> int:
     try:
         cfg, args = parse_config(argv)
         init_distributed(cfg.device)

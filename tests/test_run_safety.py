@@ -42,10 +42,25 @@ def run_copy(finished_run, tmp_path):
     return shutil.copytree(finished_run, tmp_path / "run")
 
 
+STARTED = []
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test():
+    """A test that fails while its CLI runs must not leave it burning the CPU the rest of the suite needs."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def start_cli(args):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
-    return subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    STARTED.append(subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env))
+    return STARTED[-1]
 
 
 def interrupt_after_line(proc, line, timeout=120):
@@ -126,6 +141,30 @@ def test_ctrl_c_during_the_demo_warm_up_is_one_line_and_the_demo_starts_over(tmp
     cfg = gh.dataclasses.replace(gh.demo_grpo_config(gh.Config()), max_steps=1, batch_size=2, plot_every=0,
                                  show_examples=0, output_dir=str(out))
     assert gh.run_demo(cfg, small)["finished"]
+
+
+class CtrlCInAFinalizer:
+    """Python drops an exception raised in __del__: this is how a real Ctrl-C got lost in CI (in a regex
+    object's __del__ during the demo), and the demo then ran to its end."""
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)       # the handler runs here, inside __del__
+
+
+def test_a_ctrl_c_python_drops_in_a_finalizer_still_stops_the_run(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    out = tmp_path / "run"
+    real_evaluate = gh.evaluate
+
+    def evaluate_after_a_lost_ctrl_c(*args, **kwargs):
+        CtrlCInAFinalizer()
+        return real_evaluate(*args, **kwargs)
+    monkeypatch.setattr(gh, "evaluate", evaluate_after_a_lost_ctrl_c)
+    code = gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "Exception ignored" not in err, err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted during the evaluation before training")
+    assert signal.getsignal(signal.SIGINT) is not gh.on_ctrl_c and sys.unraisablehook is not None
 
 
 # ----- 2. the demo deletes nothing it did not make -----
