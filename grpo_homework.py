@@ -72,8 +72,10 @@ def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
 class Config:
     model_path: str = _flag("", "model directory or hub id (Qwen2.5-1.5B-Instruct for the homework)")
     # data
-    task: str = _flag("gsm8k", "gsm8k, or countdown (numbers game with <answer> tags)", choices=["gsm8k", "countdown"])
-    dataset: str = _flag("./gsm8k", "local hub-layout folder or hub id; for countdown '' generates problems")
+    task: str = _flag("gsm8k", "gsm8k; arithmetic or two-step (generated word problems, GSM8K's answer format); "
+                      "countdown (numbers game)", choices=["gsm8k", "arithmetic", "two-step", "countdown"])
+    dataset: str = _flag("./gsm8k", "local hub-layout folder or hub id; '' = the task's generated problems (the "
+                         "default for every task but gsm8k)")
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
     eval_size: int = _flag(200, "test problems for the greedy accuracy before and after training (0 = all)")
     prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
@@ -508,6 +510,58 @@ def countdown_problems(n: int, seed: int) -> list[dict]:
     return problems
 
 
+NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
+ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]
+
+
+def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), steps: int = 1) -> list[dict]:
+    """Distinct word problems with GSM8K-style answers: one step (a + b) or two (a + b * c, a - b + c)."""
+    problems, seen = [], set(exclude)
+    while len(problems) < n:
+        if steps == 1:
+            a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(NAMES), rng.choice(ITEMS)
+            question = f"{name} has {a} {item} and gets {b} more. How many now?"
+            work = [f"{a} + {b} = {a + b}"]
+        elif rng.random() < 0.5:
+            a, b, c, name, item = rng.randint(2, 20), rng.randint(2, 5), rng.randint(2, 9), rng.choice(NAMES), \
+                rng.choice(ITEMS)
+            question = (f"{name} has {a} {item}. {name} buys {b} boxes with {c} {item} in each. How many {item} "
+                        f"does {name} have now?")
+            work = [f"{b} * {c} = {b * c}", f"{a} + {b * c} = {a + b * c}"]
+        else:
+            a, name, item = rng.randint(10, 40), rng.choice(NAMES), rng.choice(ITEMS)
+            b, c = rng.randint(1, a - 1), rng.randint(1, 20)
+            question = (f"{name} has {a} {item}, gives {b} to a friend, then finds {c} more. How many {item} does "
+                        f"{name} have now?")
+            work = [f"{a} - {b} = {a - b}", f"{a - b} + {c} = {a - b + c}"]
+        if question not in seen:
+            seen.add(question)
+            total = work[-1].rsplit(" ", 1)[1]
+            problems.append({"question": question, "answer": "\n".join(work) + f"\n#### {total}"})
+    return problems
+
+
+def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
+    """A fixed test set, and training problems that never repeat one of its questions (whatever the seed)."""
+    test = word_problems(200, random.Random(steps), steps=steps)
+    if split == "test":
+        return test[: size or None]
+    train = word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
+    return train[: size or None]
+
+
+def generated_or_loaded(make: Callable[[str, int], list[dict]]):
+    """A task's loader: a --dataset folder when given, else its generated problems ('train', 'test[:N]', ...)."""
+    def load(dataset: str, split: str):
+        if dataset:
+            return load_split(dataset, split)
+        match = re.fullmatch(r"(\w+)(?:\[:(\d+)\])?", split)
+        if not match:
+            raise UserError(f"generated problems take a split like 'train' or 'test[:100]', not {split!r}")
+        return make(match.group(1), int(match.group(2) or 0))
+    return load
+
+
 @dataclass(frozen=True)
 class Task:
     """What differs between tasks: where problems come from, the prompt, the gold answer and the reward."""
@@ -522,23 +576,22 @@ class Task:
     columns: tuple[tuple[str, ...], ...]   # the dataset needs one column of each tuple
 
 
-def _load_countdown(dataset: str, split: str):
-    if dataset:
-        return load_split(dataset, split)
-    size = int(m.group(1)) if (m := re.search(r"\[:(\d+)\]", split)) else 1000
-    return countdown_problems(size, seed=0 if split.startswith("train") else 1)
-
-
 TASKS = {
     "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"], gsm8k_gold, gsm8k_reward,
                   is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
-    "countdown": Task("countdown", COUNTDOWN_INSTRUCTION, _load_countdown,
+    "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
+                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000, seed=0 if split == "train" else 1)),
                       lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
                                   f"that equals {row['target']}.",
                       lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},
                       reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer,
                       (("nums", "numbers"), ("target",))),
 }
+# Word problems a small model can learn on a CPU in minutes, answered and scored exactly like GSM8K
+for _name, _steps in (("arithmetic", 1), ("two-step", 2)):
+    TASKS[_name] = dataclasses.replace(
+        TASKS["gsm8k"], name=_name, load=generated_or_loaded(lambda split, size, steps=_steps:
+                                                             word_problem_split(split, size, steps)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -755,21 +808,85 @@ def position_ids_from_mask(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def prompt_segments(input_ids, attention_mask, start: int):
+    """[rows] segment id: runs of consecutive rows with the same prompt (a group, or its part of a micro-batch).
+
+    A run is cut so that its packed sequence stays within four rows' length: attention grows with the square
+    of that length, so long completions share a prompt among fewer rows.
+    """
+    rows, seq = input_ids.shape
+    index = torch.arange(rows, device=input_ids.device)
+    new_run = torch.ones(rows, dtype=torch.bool, device=input_ids.device)                    # [rows]
+    new_run[1:] = ~((input_ids[1:, :start] == input_ids[:-1, :start]) &
+                    (attention_mask[1:, :start] == attention_mask[:-1, :start])).all(1)
+    place = index - torch.cummax(torch.where(new_run, index, 0), 0).values                   # [rows] in its run
+    per_segment = max(1, (4 * seq - start) // (seq - start))
+    return (new_run | (place % per_segment == 0)).long().cumsum(0) - 1
+
+
+def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
+    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once.
+
+    A segment is packed into one sequence [prompt, completion 1, ..., completion k]. A completion attends to
+    the prompt's keys and to its own earlier tokens only, at the positions it had in its own row, so every
+    state equals the unpacked one (up to float summation order), and gradients reach the weights through the
+    prompt's keys and values from all k completions. This is the prefix sharing of a KV cache done as one
+    forward pass, because gradient checkpointing drops a KV cache passed to a layer.
+    """
+    rows, seq = input_ids.shape
+    length, device = seq - start, input_ids.device
+    counts = torch.bincount(segment)                                         # [segments]
+    first = counts.cumsum(0) - counts                                        # [segments] first row of each
+    block = torch.arange(rows, device=device) - first[segment]               # [rows] place in its segment
+    width = start + int(counts.max()) * length
+    cols = start + block[:, None] * length + torch.arange(length, device=device)     # [rows, length]
+    where = (segment[:, None], cols)
+
+    def packed(values, fill):                                                 # [rows, seq] -> [segments, width]
+        out = torch.full((len(counts), width), fill, dtype=values.dtype, device=device)
+        out[:, :start] = values[first, :start]
+        out[where] = values[:, start:]
+        return out
+
+    ids = packed(input_ids, 0)
+    positions = packed(position_ids_from_mask(attention_mask), 0)
+    valid = packed(attention_mask.bool(), False)                             # [segments, width] real tokens
+    owner = packed(block[:, None].expand(rows, seq), -1)                     # -1: the prompt
+    owner[:, :start] = -1
+    q = torch.arange(width, device=device)
+    allowed = valid[:, None, :] & (q[None, :] <= q[:, None]) & \
+        ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))           # [segments, q, k]
+    allowed |= torch.eye(width, dtype=torch.bool, device=device)            # pad rows see themselves, not NaN
+    mask = allowed[:, None]                                                  # [segments, 1, q, k]
+    if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
+        mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
+    hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+    source = cols - 1
+    source[:, 0] = start - 1                                                 # the prompt's last state
+    return hidden[segment[:, None], source]                                  # [rows, length, hidden]
+
+
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
                                 chunk_size=Config.logprob_chunk_size):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0.
 
-    With prompt_length, columns before it are 0 and the LM head runs on completion positions only.
+    With prompt_length, columns before it are 0, the LM head runs on completion positions only, and rows
+    that share a prompt (a GRPO group) compute it once.
     """
     start = max(1, int(prompt_length or 1))
     batch, seq = input_ids.shape
     if start >= seq:
         return torch.zeros(batch, seq, device=input_ids.device)
     body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask,
-                  position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
-    hidden = hidden[:, start - 1:-1]                                         # [batch, seq - start, hidden]
+    segment = prompt_segments(input_ids, attention_mask, start) if prompt_length else None
+    if segment is not None and int(segment[-1]) + 1 < batch and \
+            body.config._attn_implementation in ("sdpa", "eager"):
+        hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
+    else:
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+        hidden = hidden[:, start - 1:-1]                                     # [batch, seq - start, hidden]
     targets = input_ids[:, start:]                                           # [batch, seq - start]
     logprobs = token_logprobs(hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1),
                               model.get_output_embeddings().weight, temperature, chunk_size)
@@ -1918,10 +2035,6 @@ def finish_run(run: Run) -> None:
 # The demo's chat template keeps only the user's words: a 2-layer model cannot read the system instruction (the
 # warm-up teaches it the answer format instead), and every prompt token is paid for on each of the 8 samples.
 DEMO_CHAT_TEMPLATE = "{% for m in messages if m['role'] == 'user' %}{{ m['content'] }}\n{% endfor %}"
-NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
-ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]
-
-
 def build_byte_tokenizer(chat_template: str = DEMO_CHAT_TEMPLATE):
     """A byte-level BPE tokenizer (one token per byte) with Qwen's special tokens; pad is one of two EOS tokens.
 
@@ -1954,17 +2067,6 @@ def build_tiny_model(tokenizer, seed: int, hidden: int = 64, layers: int = 2):
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id,
         do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1)
     return model
-
-
-def addition_problems(n: int, rng: random.Random, exclude: set[str] = frozenset()) -> list[dict]:
-    problems, seen = [], set(exclude)
-    while len(problems) < n:
-        a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(NAMES), rng.choice(ITEMS)
-        question = f"{name} has {a} {item} and gets {b} more. How many now?"
-        if question not in seen:
-            seen.add(question)
-            problems.append({"question": question, "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
-    return problems
 
 
 @dataclass
@@ -2070,8 +2172,8 @@ def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     write_json(run_dir / DEMO_MARKER, {"demo": True, "seed": cfg.seed})
     seed_everything(cfg.seed)
     rng = random.Random(cfg.seed)
-    test = addition_problems(demo.test_problems, rng)
-    train = addition_problems(demo.train_problems, rng, exclude={p["question"] for p in test})
+    test = word_problems(demo.test_problems, rng)
+    train = word_problems(demo.train_problems, rng, exclude={p["question"] for p in test})
     write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
     tokenizer = build_byte_tokenizer()
     model = build_tiny_model(tokenizer, cfg.seed, demo.hidden, demo.layers)
@@ -2133,6 +2235,8 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
                             f"the run was trained with other values (start a new run instead)")
         return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
     base = demo_grpo_config(Config()) if args.demo else Config()
+    if explicit.get("task", base.task) != "gsm8k" and "dataset" not in explicit:
+        explicit["dataset"] = ""          # ./gsm8k would silently train another task on GSM8K's questions
     return dataclasses.replace(base, **explicit), args
 
 

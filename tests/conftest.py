@@ -61,8 +61,8 @@ def model_and_tokenizer(model_dir):
 @pytest.fixture(scope="session")
 def addition_dir(tmp_path_factory):
     rng = random.Random(0)
-    test = gh.addition_problems(16, rng)
-    train = gh.addition_problems(64, rng, exclude={p["question"] for p in test})
+    test = gh.word_problems(16, rng)
+    train = gh.word_problems(64, rng, exclude={p["question"] for p in test})
     return gh.write_hub_dataset(tmp_path_factory.mktemp("addition"), {"train": train, "test": test})
 
 
@@ -71,7 +71,7 @@ def warm_model_dir(tmp_path_factory, tokenizer):
     """The demo's model after a short supervised warm-up: right sometimes, so GRPO has reward to learn from."""
     path = tmp_path_factory.mktemp("warm-qwen2")
     model = gh.build_tiny_model(tokenizer, seed=0)
-    problems = gh.addition_problems(500, random.Random(1))
+    problems = gh.word_problems(500, random.Random(1))
     gh.supervised_warmup(model, tokenizer, problems, gh.DemoConfig(warmup_max_steps=200, warmup_target=0.15), seed=0)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

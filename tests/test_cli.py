@@ -183,7 +183,7 @@ def test_out_of_memory_halves_the_micro_batch_then_gives_a_clear_error():
 
 def test_countdown_task_runs_end_to_end_on_generated_problems(model_dir, tmp_path, capsys):
     out = tmp_path / "countdown"
-    code = gh.main([str(model_dir), "--task", "countdown", "--dataset", "", "--output-dir", str(out), "--device",
+    code = gh.main([str(model_dir), "--task", "countdown", "--output-dir", str(out), "--device",   # no --dataset
                     "cpu", "--train-size", "8", "--eval-size", "4", "--batch-size", "2", "--group-size", "4",
                     "--max-new-tokens", "8", "--generation-batch-size", "8", "--max-steps", "1",
                     "--advantage", "drgrpo", "--loss-agg", "drgrpo", "--ppo-epochs", "2", "--format-reward", "0.1"])

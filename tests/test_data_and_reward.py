@@ -180,6 +180,48 @@ def test_generated_countdown_problems_are_solvable_by_construction():
     assert all(0 < p["target"] <= 1000 and len(p["nums"]) in (3, 4) for p in problems)
 
 
+def test_word_problems_are_distinct_and_their_worked_answers_are_right():
+    import random
+    for steps in (1, 2):
+        problems = gh.word_problems(300, random.Random(5), steps=steps)
+        assert len({p["question"] for p in problems}) == 300
+        for p in problems:
+            *work, final = p["answer"].split("\n")
+            for line in work:                       # each line 'x op y = z' holds
+                left, right = line.split(" = ")
+                assert gh._evaluate_equation(left) == float(right), p
+            numbers = [int(x) for x in gh.re.findall(r"\d+", p["question"])]
+            assert len(work) == steps and len(numbers) == steps + 1
+            a, b, *c = numbers                      # recomputed from the question's own words
+            expected = a + b if steps == 1 else a + b * c[0] if "boxes" in p["question"] else a - b + c[0]
+            assert final == f"#### {expected}" and gh.GSM8KDataset.extract_answer(p["answer"]) == expected
+
+
+def test_generated_word_problem_tasks_hold_out_a_fixed_test_set():
+    for name in ("arithmetic", "two-step"):
+        load = gh.TASKS[name].load
+        test, train = load("", "test"), load("", "train")
+        assert (len(test), len(train)) == (200, 2000) and load("", "test[:50]") == test[:50]
+        assert not {p["question"] for p in test} & {p["question"] for p in train}
+        assert load("", "test") == test                       # the same problems for every run and seed
+    with pytest.raises(gh.UserError, match="split like"):
+        gh.TASKS["arithmetic"].load("", "train[10:]")
+
+
+def test_the_demo_draws_the_same_problems_as_before_word_problems_took_two_steps():
+    import random          # the demo's recorded figures (report.md) depend on these exact draws
+    assert gh.word_problems(2, random.Random(0)) == [
+        {"question": "Ana has 6 coins and gets 13 more. How many now?", "answer": "6 + 13 = 19\n#### 19"},
+        {"question": "Gus has 8 coins and gets 15 more. How many now?", "answer": "8 + 15 = 23\n#### 23"}]
+
+
+@pytest.mark.parametrize("argv, dataset", [([], "./gsm8k"), (["--task", "arithmetic"], ""),
+                                           (["--task", "countdown"], ""), (["--task", "two-step", "--dataset", "d"], "d")])
+def test_generated_tasks_do_not_read_gsm8k_unless_told(argv, dataset):
+    cfg, _ = gh.parse_config(["model", *argv])
+    assert cfg.dataset == dataset
+
+
 def test_countdown_loads_a_local_hub_dataset_with_either_column_name(tmp_path, tokenizer):
     rows = [{"nums": [3, 5, 7], "target": 22}, {"nums": [2, 9], "target": 18}]
     folder = gh.write_hub_dataset(tmp_path / "cd", {"train": rows, "test": rows[:1]})

@@ -169,6 +169,70 @@ def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_an
         assert torch.allclose(g, p.grad, atol=1e-5)
 
 
+def _grouped_rollout(tok, prompts, group, completion_len, seed=0):
+    """Rows laid out as GRPO groups: left-padded prompts, random completions of differing lengths, padding
+    (mask 0) after each one's end."""
+    batch = _left_padded_batch(tok, prompts)
+    P = batch["input_ids"].shape[1]
+    g = torch.Generator().manual_seed(seed)
+    ids = batch["input_ids"].repeat_interleave(group, 0)
+    mask = batch["attention_mask"].repeat_interleave(group, 0)
+    completions = torch.randint(3, 200, (ids.shape[0], completion_len), generator=g)
+    ends = torch.randint(1, completion_len + 1, (ids.shape[0],), generator=g)
+    cmask = (torch.arange(completion_len)[None] < ends[:, None]).long()
+    return torch.cat([ids, completions * cmask], 1), torch.cat([mask, cmask], 1), P
+
+
+def _logprobs_and_grads(model, ids, mask, P, weights):
+    model.zero_grad()
+    lp = gh.compute_logprobs_from_model(model, ids, mask, temperature=0.7, prompt_length=P, chunk_size=5)
+    (lp * weights).sum().backward()
+    return lp.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_prompt_shared_by_its_group_is_computed_once_with_the_same_logprobs_and_gradient(
+        model_dir, tokenizer, monkeypatch, attention, checkpointing):
+    model, tok = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), "float32")
+    model.config._attn_implementation = attention
+    if checkpointing:
+        gh.enable_checkpointing(model)
+    model.train()
+    prompts = ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?", "A much longer prompt than the others, padded less:"]
+    ids, mask, P = _grouped_rollout(tok, prompts, group=4, completion_len=7)
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1)) * (mask > 0)
+    bodies = []
+    real_body = model.base_model.forward
+    monkeypatch.setattr(model.base_model, "forward", lambda **kw: bodies.append(kw["input_ids"].shape) or
+                        real_body(**kw))
+    shared, shared_grads = _logprobs_and_grads(model, ids, mask, P, weights)
+    assert bodies == [(3, P + 4 * 7)]                    # three packed sequences, one per prompt
+    monkeypatch.setattr(gh, "prompt_segments", lambda ids, mask, start: torch.arange(ids.shape[0]))
+    plain, plain_grads = _logprobs_and_grads(model, ids, mask, P, weights)       # today's path: row by row
+    assert bodies[-1] == ids.shape
+    real = mask[:, P:] > 0
+    assert torch.allclose(shared[:, P:][real], plain[:, P:][real], atol=1e-5) and (shared[:, :P] == 0).all()
+    for a, b in zip(shared_grads, plain_grads):
+        assert torch.allclose(a, b, atol=1e-5)
+    with torch.no_grad():                                # and both agree with a slow per-row unpadded loop
+        for r in range(0, ids.shape[0], 5):
+            keep = mask[r] > 0
+            logits = model(ids[r][keep][None]).logits[0].float() / 0.7
+            ref = logits.log_softmax(-1)[:-1].gather(1, ids[r][keep][1:, None])[:, 0]
+            n = int(real[r].sum())
+            assert shared[r, P:P + n].tolist() == pytest.approx(ref[-n:].tolist(), abs=1e-4)
+
+
+def test_prompt_segments_follow_groups_micro_batch_cuts_and_the_length_cap(tokenizer):
+    ids, mask, P = _grouped_rollout(tokenizer, ["Q: 1 + 1?", "Q: 2 + 2?"], group=4, completion_len=3)
+    assert gh.prompt_segments(ids, mask, P).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert gh.prompt_segments(ids[2:7], mask[2:7], P).tolist() == [0, 0, 1, 1, 1]       # a micro-batch
+    long_ids, long_mask, P = _grouped_rollout(tokenizer, ["Q: 1 + 1?"], group=8, completion_len=20 * P)
+    # completions 20x the prompt: a packed sequence holds at most (4 * seq - P) // (seq - P) = 4 rows
+    assert gh.prompt_segments(long_ids, long_mask, P).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
 # ----- generation -----
 
 def _capture_generate(model, seen):
@@ -287,11 +351,16 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
     expected = [(s - p.grad).clone() for p, s in zip(model.parameters(), start)]
     for p, s in zip(model.parameters(), start):
         p.data.copy_(s)
-    rows_seen = []
-    hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
-                                                 with_kwargs=True)
-    gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
-    hook.remove()
+    rows_seen, real_logprobs = [], gh.compute_logprobs_from_model
+
+    def counting(model, input_ids, *args, **kwargs):
+        rows_seen.append(input_ids.shape[0])
+        return real_logprobs(model, input_ids, *args, **kwargs)
+    gh.compute_logprobs_from_model = counting
+    try:
+        gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    finally:
+        gh.compute_logprobs_from_model = real_logprobs
     assert sum(rows_seen) == 8                                          # 12 rows, the zero group never ran
     assert all(torch.allclose(p, e, atol=1e-6) for p, e in zip(model.parameters(), expected))
     for p, s in zip(model.parameters(), start):

@@ -51,8 +51,9 @@ def test_the_prompt_carries_our_instruction_instead_of_smollms_default(smollm2):
     assert prompt.count("<|im_start|>") == 3
 
 
-def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2):
-    """What generate sampled from (its processed scores: logits / T, nothing else) is what the loss scores."""
+def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2, monkeypatch):
+    """What generate sampled from (its processed scores: logits / T, nothing else) is what the loss scores,
+    with each prompt computed once for its group and, the old way, once per row."""
     model, tokenizer = smollm2
     batch = chat_batch(tokenizer)
     assert (batch["attention_mask"][:, 0] == 0).any(), "one prompt must be left-padded"
@@ -70,6 +71,8 @@ def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(sm
     sampler = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)   # [rows, new, vocab]
     sampler = sampler.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
     full_mask = torch.cat([mask, torch.ones_like(sampled)], 1)
+    packed = []
+    monkeypatch.setattr(gh, "shared_prompt_hidden", lambda *a: packed.append(a[1].shape) or real_shared(*a))
     with torch.no_grad():
         scored = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
                                                 prompt_length=prompt_length)[:, prompt_length:]
@@ -79,6 +82,16 @@ def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(sm
     valid = torch.arange(sampled.shape[1]).unsqueeze(0) <= first.unsqueeze(1)
     assert valid.sum() >= 20
     torch.testing.assert_close(scored[valid], sampler[valid], rtol=0, atol=2e-4)
+    assert packed == [out.sequences.shape]               # both groups in one call, each prompt once
+    monkeypatch.setattr(gh, "prompt_segments", lambda ids, mask, start: torch.arange(ids.shape[0]))
+    with torch.no_grad():
+        per_row = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
+                                                 prompt_length=prompt_length)[:, prompt_length:]
+    assert len(packed) == 1                              # the per-row path really ran
+    torch.testing.assert_close(per_row[valid], scored[valid], rtol=0, atol=5e-5)
+
+
+real_shared = gh.shared_prompt_hidden
 
 
 def test_completion_masks_end_at_the_first_im_end(smollm2):
