@@ -22,13 +22,15 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   over chunks of completion positions only, never over a full (sequences x positions x vocab) tensor.
 - Memory: gradient checkpointing on CUDA, update micro-batches with exact gradient accumulation, KV cache
   in generation. Rows with advantage 0 (groups whose rewards are all equal) skip the update's forward and
-  backward: their gradient is exactly 0 (unless a KL penalty is on).
+  backward: their gradient is exactly 0 (unless a KL penalty is on). A group's completions share one pass
+  over their prompt: they are packed behind it with a mask that lets each see only the prompt and itself.
 - Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
 
 Run:
     python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~3 min)
     python grpo_homework.py MODEL_PATH                 # the homework run (GSM8K in ./gsm8k, 24 GB GPU)
     python grpo_homework.py MODEL_PATH --help          # every flag with its default
+    python grpo_homework.py SMOLLM2_PATH --task arithmetic --device cpu ...   # a real small model on a CPU (README)
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
     python grpo_homework.py --resume RUN_DIR           # finish a run stopped in any phase, or train it further
     torchrun --nproc_per_node=N grpo_homework.py MODEL_PATH [--parallel fsdp]   # N GPUs, data-parallel
@@ -97,7 +99,7 @@ class Config:
     clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); -1 = --clip-eps")
     kl_coef: float = _flag(0.0, "weight of the k3 KL to a frozen copy of the starting model (0 = no reference)")
     ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
-    format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
+    format_reward: float = _flag(0.0, "reward added when a right answer is on a well-formed final line")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
@@ -407,13 +409,16 @@ def gsm8k_reward(completion: str, gold: float) -> float:
 
 
 def compute_reward(completions, ground_truth_answers, *, task=None, format_reward=0.0):
-    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` if well formed."""
+    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` when that
+    right answer is well formed. Paid for form alone, the bonus let SmolLM2 settle on short well-formed wrong
+    answers ('Ben has 2 coins / #### 2'), where every group scored alike and learning stopped."""
     task = task or TASKS["gsm8k"]
     golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
-    return torch.tensor([task.reward(c, g) + format_reward * task.well_formed(c) for c, g in zip(completions, golds)],
-                        dtype=torch.float32)
+    rewards = [task.reward(c, g) for c, g in zip(completions, golds)]
+    return torch.tensor([r + format_reward * (r == 1.0 and bool(task.well_formed(c)))
+                         for r, c in zip(rewards, completions)], dtype=torch.float32)
 
 
 # Countdown: "Using the numbers [..], create an equation that equals T"; the equation goes in <answer> tags.
@@ -859,7 +864,8 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
     allowed |= torch.eye(width, dtype=torch.bool, device=device)            # pad rows see themselves, not NaN
     mask = allowed[:, None]                                                  # [segments, 1, q, k]
     if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
-        mask = torch.zeros(mask.shape, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
+        mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask,
+                                                                                   torch.finfo(body.dtype).min)
     hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
     source = cols - 1
     source[:, 0] = start - 1                                                 # the prompt's last state
