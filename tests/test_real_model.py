@@ -138,3 +138,18 @@ def test_a_two_step_cli_run_on_real_gsm8k_writes_the_whole_record(smollm2, tmp_p
     from transformers import AutoTokenizer
     assert AutoTokenizer.from_pretrained(out / "final").eos_token == "<|im_end|>"
     assert (out / "final" / "model.safetensors").stat().st_size > 500e6
+
+
+def test_step_bench_times_both_paths_on_the_same_rollout(smollm2):
+    """tests/bench_step.py end to end at a tiny size (a smoke test, not a timing)."""
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_step.py"), str(SMOLLM2), "--task",
+                             "arithmetic", "--steps", "1", "--batch-size", "1", "--group-size", "4",
+                             "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[2:]] == [
+        "| generation (the same code)", "| log-probs, no grad (old policy / reference)", "| update",
+        "| update, no group with spread", "| step with spread (generation + update)",
+        "| step without spread (generation + update)"]

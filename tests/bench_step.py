@@ -1,0 +1,184 @@
+"""Per-step seconds on a real model: the previous log-prob path and today's, side by side in one run.
+
+Previous: every row computes its prompt again (8 times per group) and a step whose groups all got equal
+rewards still runs forward and backward for an exactly-zero gradient. Today: rows that share a prompt are
+packed so it runs once (shared_prompt_hidden), and rows without signal run no pass (rows_with_signal).
+
+Each step samples one rollout with the pipeline's collect_rollout (generation is the same code for both), then
+times on that same rollout, from the same weights: the no-grad log-prob pass that the old policy (--ppo-epochs
+> 1) and the reference (--kl-coef > 0) use, and grpo_update; and grpo_update again on a copy of the rollout with
+every advantage 0 (a step without signal). Weights and optimizer are restored after every timing, so both
+paths do the same work.
+
+Where the `trl` package is installed (a benchmark-only dependency, never the project's), TRL's GRPOTrainer then
+runs the same model, prompts and settings in the same process (loss_type grpo, beta 0, one update per rollout,
+the same micro-batch as gradient accumulation), and its mean seconds per step are printed beside ours.
+
+Not collected by pytest. On the real SmolLM2-135M-Instruct (built by .ci/run) and GSM8K's first prompts:
+    python tests/bench_step.py                      # 2 prompts x 8 x 64 tokens, T 1, fp32, the issue's setting
+    python tests/bench_step.py --task arithmetic --batch-size 4 --max-new-tokens 40 --temperature 0.7
+"""
+import argparse
+import copy
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpo_homework as gh  # noqa: E402
+
+SMOLLM2 = os.environ.get("GRPO_SMOLLM2") or str(Path.home() / ".cache/grpo-homework/SmolLM2-135M-Instruct")
+GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
+
+
+def previous_path():
+    """The log-prob pass and update as they were: one prompt per row, and every row runs."""
+    return {"prompt_segments": lambda ids, mask, start: torch.arange(ids.shape[0], device=ids.device),
+            "rows_with_signal": lambda rollout, cfg: rollout}
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(model, optimizer, rollout, cfg, patches) -> dict:
+    """Seconds of each phase on `rollout` with `patches` applied to the module; weights restored after."""
+    saved = {name: getattr(gh, name) for name in patches}
+    weights, state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    silent = dataclasses.replace(rollout, advantages=torch.zeros_like(rollout.advantages))
+    scorer = gh.PolicyLogprobs(model)
+    try:
+        for name, value in patches.items():
+            setattr(gh, name, value)
+        out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(scorer, rollout,
+                                                                                                 cfg)),
+               "update": timed(lambda: gh.grpo_update(model, optimizer, rollout, cfg, scorer=scorer))}
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(state)
+        out["update, no group with spread"] = timed(lambda: gh.grpo_update(model, optimizer, silent, cfg,
+                                                                            scorer=scorer))
+    finally:
+        for name, value in saved.items():
+            setattr(gh, name, value)
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(state)
+    return out
+
+
+def trl_seconds_per_step(args, problems: list[dict], cfg) -> list[float]:
+    """Seconds of each GRPOTrainer step after the first, on the same prompts (chat messages, our system
+    instruction) and reward."""
+    import datasets
+    import transformers
+    from trl import GRPOConfig, GRPOTrainer
+
+    task = gh.TASKS[args.task]
+    rows = [{"prompt": [{"role": "system", "content": task.instruction}, {"role": "user", "content": p["question"]}],
+             "gold": p["answer"]} for p in problems]
+
+    def reward(completions, gold, **_):
+        texts = [c[-1]["content"] for c in completions]
+        return gh.compute_reward(texts, gold, task=task).tolist()
+
+    class StepTimer(transformers.TrainerCallback):
+        def __init__(self):
+            self.seconds = []
+
+        def on_step_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.seconds.append(time.perf_counter() - self.t0)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model, padding_side="left")
+    rows_per_step = args.batch_size * args.group_size
+    config = GRPOConfig(output_dir=tempfile.mkdtemp(), use_cpu=args.device == "cpu", bf16=False,
+                        per_device_train_batch_size=min(args.micro_batch_size, rows_per_step),
+                        gradient_accumulation_steps=max(1, rows_per_step // args.micro_batch_size),
+                        num_generations=args.group_size, max_completion_length=args.max_new_tokens,
+                        temperature=args.temperature, loss_type="grpo", beta=0.0, num_iterations=1,
+                        learning_rate=cfg.learning_rate, max_steps=args.steps + 1, logging_steps=1, report_to="none",
+                        save_strategy="no", seed=0, shuffle_dataset=False, gradient_checkpointing=False)
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
+                          train_dataset=datasets.Dataset.from_list(rows), callbacks=[timer])
+    trainer.train()
+    return timer.seconds[1:]                        # its first step warms up, as ours does
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default=SMOLLM2)
+    parser.add_argument("--task", default="gsm8k", choices=["gsm8k", "arithmetic"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    cfg = dataclasses.replace(gh.Config(), task=args.task, batch_size=args.batch_size, group_size=args.group_size,
+                              max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              micro_batch_size=args.micro_batch_size, generation_batch_size=64,
+                              learning_rate=1e-6, gradient_checkpointing="off")
+    torch.manual_seed(0)
+    model, tokenizer = gh.load_model_and_tokenizer(args.model, device, "auto")
+    dataset = str(GSM8K) if args.task == "gsm8k" else ""
+    problems = gh.GSM8KDataset(f"train[:{(args.steps + 1) * args.batch_size}]", tokenizer, dataset_path=dataset,
+                               prompt_style="chat", task=gh.TASKS[args.task])
+    loader = torch.utils.data.DataLoader(problems, batch_size=args.batch_size,
+                                         collate_fn=lambda b: gh.collate_prompts(b, tokenizer))
+    optimizer = gh.build_optimizer(model.parameters(), cfg.learning_rate)
+    totals = {"previous": {}, "today": {}}
+    generation = 0.0
+    for step, batch in enumerate(loader):           # step 0 warms up (first calls allocate and dispatch)
+        if step == 1:
+            totals, generation = {"previous": {}, "today": {}}, 0.0
+        t0 = time.perf_counter()
+        rollout = gh.collect_rollout(model, tokenizer, batch, cfg, device, gh.TASKS[args.task])
+        generation += time.perf_counter() - t0
+        for name, patches in (("previous", previous_path()), ("today", {})):
+            for phase, seconds in measure(model, optimizer, rollout, cfg, patches).items():
+                totals[name][phase] = totals[name].get(phase, 0.0) + seconds
+        print(f"step {step}: {rollout.output_ids.shape[0]} rows x {rollout.output_ids.shape[1]} tokens "
+              f"(prompt {rollout.prompt_length}), groups with spread "
+              f"{int((rollout.advantages.view(-1, cfg.group_size) != 0).any(1).sum())}/{args.batch_size}")
+    steps = step
+    print(f"\n{args.model} on {device}, {args.task}: {args.batch_size} prompts x {args.group_size} samples x "
+          f"{args.max_new_tokens} new tokens, T {args.temperature}, micro-batch {args.micro_batch_size}, "
+          f"mean of {steps} steps (seconds)\n")
+    rows = [("generation (the same code)", generation / steps, generation / steps)]
+    rows += [(phase, totals["previous"][phase] / steps, totals["today"][phase] / steps) for phase in totals["today"]]
+    for label, key in (("step with spread (generation + update)", "update"),
+                       ("step without spread (generation + update)", "update, no group with spread")):
+        rows.append((label, (generation + totals["previous"][key]) / steps, (generation + totals["today"][key]) /
+                     steps))
+    print(f"| phase | previous | today | previous / today |\n|---|---|---|---|")
+    for label, before, now in rows:
+        print(f"| {label} | {before:.2f} | {now:.2f} | {before / now:.2f}x |")
+    try:
+        import trl
+    except ImportError:
+        print("\ntrl is not installed: no GRPOTrainer comparison (pip install trl, for this bench only)")
+        return
+    seconds = trl_seconds_per_step(args, [{"question": q, "answer": a} for q, a in
+                                          zip(problems.questions, problems.answers)], cfg)
+    trl_step = sum(seconds) / len(seconds)
+    print(f"\nTRL {trl.__version__} GRPOTrainer, same model, prompts and settings: {trl_step:.2f} s per step "
+          f"(steps: {', '.join(f'{x:.1f}' for x in seconds)})")
+    for label, before, now in rows[-2:]:
+        print(f"TRL / today, {label.split(' (')[0]}: {trl_step / now:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
