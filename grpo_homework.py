@@ -99,7 +99,7 @@ class Config:
     clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); -1 = --clip-eps")
     kl_coef: float = _flag(0.0, "weight of the k3 KL to a frozen copy of the starting model (0 = no reference)")
     ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
-    format_reward: float = _flag(0.0, "reward added when a right answer is on a well-formed final line")
+    format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
@@ -409,16 +409,13 @@ def gsm8k_reward(completion: str, gold: float) -> float:
 
 
 def compute_reward(completions, ground_truth_answers, *, task=None, format_reward=0.0):
-    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` when that
-    right answer is well formed. Paid for form alone, the bonus let SmolLM2 settle on short well-formed wrong
-    answers ('Ben has 2 coins / #### 2'), where every group scored alike and learning stopped."""
+    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` if well formed."""
     task = task or TASKS["gsm8k"]
     golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
-    rewards = [task.reward(c, g) for c, g in zip(completions, golds)]
-    return torch.tensor([r + format_reward * (r == 1.0 and bool(task.well_formed(c)))
-                         for r, c in zip(rewards, completions)], dtype=torch.float32)
+    return torch.tensor([task.reward(c, g) + format_reward * task.well_formed(c) for c, g in zip(completions, golds)],
+                        dtype=torch.float32)
 
 
 # Countdown: "Using the numbers [..], create an equation that equals T"; the equation goes in <answer> tags.

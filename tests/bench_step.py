@@ -7,7 +7,8 @@ packed so it runs once (shared_prompt_hidden), and rows without signal run no pa
 Each step samples one rollout with the pipeline's collect_rollout (generation is the same code for both), then
 times on that same rollout, from the same weights: the no-grad log-prob pass that the old policy (--ppo-epochs
 > 1) and the reference (--kl-coef > 0) use, and grpo_update; and grpo_update again on a copy of the rollout with
-every advantage 0 (a step without signal). Weights and optimizer are restored after every timing, so both
+every advantage 0 (a step without signal). The timed update gives every row a random nonzero advantage, since
+a step's own rewards may have no spread at all. Weights and optimizer are restored after every timing, so both
 paths do the same work.
 
 Where the `trl` package is installed (a benchmark-only dependency, never the project's), TRL's GRPOTrainer then
@@ -52,6 +53,10 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
     """Seconds of each phase on `rollout` with `patches` applied to the module; weights restored after."""
     saved = {name: getattr(gh, name) for name in patches}
     weights, state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    # Timing needs known signal, not whatever this step's rewards were (SmolLM2 scores 0 on GSM8K): every row
+    # gets a nonzero advantage, or none does.
+    spread = dataclasses.replace(rollout, advantages=torch.randn(rollout.advantages.shape,
+                                                                 generator=torch.Generator().manual_seed(0)))
     silent = dataclasses.replace(rollout, advantages=torch.zeros_like(rollout.advantages))
     scorer = gh.PolicyLogprobs(model)
     try:
@@ -59,7 +64,8 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
             setattr(gh, name, value)
         out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(scorer, rollout,
                                                                                                  cfg)),
-               "update": timed(lambda: gh.grpo_update(model, optimizer, rollout, cfg, scorer=scorer))}
+               "update, every group with spread": timed(lambda: gh.grpo_update(model, optimizer, spread, cfg,
+                                                                                scorer=scorer))}
         model.load_state_dict(weights)
         optimizer.load_state_dict(state)
         out["update, no group with spread"] = timed(lambda: gh.grpo_update(model, optimizer, silent, cfg,
@@ -151,15 +157,14 @@ def main():
             for phase, seconds in measure(model, optimizer, rollout, cfg, patches).items():
                 totals[name][phase] = totals[name].get(phase, 0.0) + seconds
         print(f"step {step}: {rollout.output_ids.shape[0]} rows x {rollout.output_ids.shape[1]} tokens "
-              f"(prompt {rollout.prompt_length}), groups with spread "
-              f"{int((rollout.advantages.view(-1, cfg.group_size) != 0).any(1).sum())}/{args.batch_size}")
+              f"(prompt {rollout.prompt_length})")
     steps = step
     print(f"\n{args.model} on {device}, {args.task}: {args.batch_size} prompts x {args.group_size} samples x "
           f"{args.max_new_tokens} new tokens, T {args.temperature}, micro-batch {args.micro_batch_size}, "
           f"mean of {steps} steps (seconds)\n")
     rows = [("generation (the same code)", generation / steps, generation / steps)]
     rows += [(phase, totals["previous"][phase] / steps, totals["today"][phase] / steps) for phase in totals["today"]]
-    for label, key in (("step with spread (generation + update)", "update"),
+    for label, key in (("step with spread (generation + update)", "update, every group with spread"),
                        ("step without spread (generation + update)", "update, no group with spread")):
         rows.append((label, (generation + totals["previous"][key]) / steps, (generation + totals["today"][key]) /
                      steps))

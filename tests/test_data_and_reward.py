@@ -52,12 +52,9 @@ def test_compute_reward_compares_numbers_and_accepts_a_tensor_of_answers():
     assert gh.compute_reward(["#### 3"], [3.0]).tolist() == [1.0]
 
 
-def test_format_reward_is_added_for_a_right_answer_on_a_final_answer_line_only():
+def test_format_reward_is_added_for_a_final_answer_line_only():
     rewards = gh.compute_reward(["work\n#### 5", "The answer is 5", "#### 4"], [5.0, 5.0, 5.0], format_reward=0.1)
-    assert rewards.tolist() == pytest.approx([1.1, 1.0, 0.0])             # form alone earns nothing
-    countdown = gh.compute_reward(["<answer>1 + 2</answer>", "<answer>1 + 1</answer>"],
-                                  [{"numbers": [1, 2], "target": 3}] * 2, task=gh.TASKS["countdown"], format_reward=0.5)
-    assert countdown.tolist() == pytest.approx([1.5, 0.1])                  # the task's own partial credit stays
+    assert rewards.tolist() == pytest.approx([1.1, 1.0, 0.1])
 
 
 # ----- dataset and collate -----
