@@ -582,7 +582,8 @@ TASKS = {
     "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"], gsm8k_gold, gsm8k_reward,
                   is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
     "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
-                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000, seed=0 if split == "train" else 1)),
+                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000,
+                                                                                 seed=0 if split == "train" else 1)),
                       lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
                                   f"that equals {row['target']}.",
                       lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},

@@ -216,7 +216,8 @@ def test_the_demo_draws_the_same_problems_as_before_word_problems_took_two_steps
 
 
 @pytest.mark.parametrize("argv, dataset", [([], "./gsm8k"), (["--task", "arithmetic"], ""),
-                                           (["--task", "countdown"], ""), (["--task", "two-step", "--dataset", "d"], "d")])
+                                           (["--task", "countdown"], ""),
+                                           (["--task", "two-step", "--dataset", "d"], "d")])
 def test_generated_tasks_do_not_read_gsm8k_unless_told(argv, dataset):
     cfg, _ = gh.parse_config(["model", *argv])
     assert cfg.dataset == dataset
