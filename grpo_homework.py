@@ -42,6 +42,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -165,7 +166,8 @@ class UserError(Exception):
 
 # Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector), so a Ctrl-C
 # that lands there would be lost and the run would go on. main() latches every Ctrl-C; check_ctrl_c raises a
-# lost one again at the next batch.
+# lost one again at the next batch. After a Ctrl-C, what it cut short (a parquet writer whose file is closed)
+# may fail in its own finalizer: that is noise under the one-line error, so it is kept quiet too.
 _ctrl_c = {"pressed": False}
 
 
@@ -181,13 +183,16 @@ def check_ctrl_c() -> None:
 
 @contextlib.contextmanager
 def ctrl_c_latch():
-    """Latch Ctrl-C while the block runs, and keep quiet about one Python dropped (it is raised again)."""
+    """Latch Ctrl-C while the block runs; keep quiet about one Python dropped (it is raised again) and about
+    finalizers failing after one."""
     _ctrl_c["pressed"] = False
     previous = signal.signal(signal.SIGINT, on_ctrl_c), sys.unraisablehook
-    sys.unraisablehook = lambda u: None if isinstance(u.exc_value, KeyboardInterrupt) else previous[1](u)
+    sys.unraisablehook = lambda u: None if _ctrl_c["pressed"] else previous[1](u)
     try:
         yield
     finally:
+        if _ctrl_c["pressed"]:
+            gc.collect()        # run what the interrupt left behind while the quiet hook is still in place
         signal.signal(signal.SIGINT, previous[0])
         sys.unraisablehook = previous[1]
         _ctrl_c["pressed"] = False

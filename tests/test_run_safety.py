@@ -167,6 +167,28 @@ def test_a_ctrl_c_python_drops_in_a_finalizer_still_stops_the_run(model_dir, gsm
     assert signal.getsignal(signal.SIGINT) is not gh.on_ctrl_c and sys.unraisablehook is not None
 
 
+class WriterCutShort:
+    """What a Ctrl-C leaves behind mid-write: an object whose __del__ fails once its file is gone. In CI this
+    was pyarrow's ParquetWriter ("write to closed file") after a Ctrl-C during the demo's data writing."""
+    def __del__(self):
+        raise ValueError("write to closed file")
+
+
+def test_a_finalizer_that_fails_after_ctrl_c_prints_no_traceback(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                 monkeypatch):
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)    # print as a plain python would
+
+    def evaluate_interrupted_mid_write(*args, **kwargs):
+        writer = WriterCutShort()       # noqa: F841 -- kept alive by the traceback until main has handled it
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    monkeypatch.setattr(gh, "evaluate", evaluate_interrupted_mid_write)
+    code = gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, tmp_path / "run", "--max-steps", "1")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "Exception ignored" not in err, err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted during the evaluation before training")
+
+
 # ----- 2. the demo deletes nothing it did not make -----
 
 def test_demo_refuses_a_folder_that_holds_other_files_and_never_deletes_them(tmp_path, capsys):
