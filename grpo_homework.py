@@ -101,6 +101,8 @@ class Config:
     kl_coef: float = _flag(0.0, "weight of the k3 KL to a frozen copy of the starting model (0 = no reference)")
     ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
+    strict_answer: bool = _flag(False, "reward an answer only when it is the well-formed final line (else the "
+                                "last '####', 'answer is' or \\boxed anywhere counts)")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
@@ -413,13 +415,16 @@ def gsm8k_reward(completion: str, gold: float) -> float:
     return float(pred is not None and gold is not None and math.isclose(pred, float(gold), rel_tol=1e-9, abs_tol=1e-6))
 
 
-def compute_reward(completions, ground_truth_answers, *, task=None, format_reward=0.0):
-    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` if well formed."""
+def compute_reward(completions, ground_truth_answers, *, task=None, format_reward=0.0, strict_answer=False):
+    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` if well formed.
+    With `strict_answer`, a right answer counts only in the well-formed final line."""
     task = task or TASKS["gsm8k"]
     golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
-    return torch.tensor([task.reward(c, g) + format_reward * task.well_formed(c) for c, g in zip(completions, golds)],
+    formed = [task.well_formed(c) for c in completions]
+    return torch.tensor([task.reward(c, g) * (ok or not strict_answer) + format_reward * ok
+                         for c, g, ok in zip(completions, golds, formed)],
                         dtype=torch.float32)
 
 
@@ -987,7 +992,8 @@ def collect_rollout(model, tokenizer, batch, cfg: Config, device, task: Task) ->
                                   cfg.max_new_tokens, cfg.temperature, cfg.group_size,
                                   batch_size=cfg.generation_batch_size)
     golds = [a for a in batch["answers"] for _ in range(cfg.group_size)]
-    rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward)
+    rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
+                             strict_answer=cfg.strict_answer)
     advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
                                          advantage_eps=cfg.advantage_eps)
     loss_mask = sample["completion_mask"].bool()

@@ -57,6 +57,29 @@ def test_format_reward_is_added_for_a_final_answer_line_only():
     assert rewards.tolist() == pytest.approx([1.1, 1.0, 0.1])
 
 
+
+def test_strict_answer_counts_a_right_answer_only_in_the_final_answer_line():
+    completions = ["work\n#### 5", "The answer is 5.", "#### 5\nand more text", "#### 4", "5"]
+    golds = [5.0] * 5
+    assert gh.compute_reward(completions, golds, format_reward=0.2).tolist() == pytest.approx(
+        [1.2, 1.0, 1.0, 0.2, 0.0])
+    assert gh.compute_reward(completions, golds, format_reward=0.2, strict_answer=True).tolist() == pytest.approx(
+        [1.2, 0.0, 0.0, 0.2, 0.0])
+
+
+def test_the_rollout_rewards_with_the_runs_strict_answer_flag(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: seen.setdefault("sample", {
+        "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
+        "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
+        "completions": ["#### 5", "The answer is 5."], "completion_lengths": torch.tensor([2, 2])}))
+    batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
+             "answers": [5.0]}
+    for strict, rewards in ((False, [1.0, 1.0]), (True, [1.0, 0.0])):
+        cfg = gh.Config(group_size=2, strict_answer=strict)
+        rollout = gh.collect_rollout(None, None, batch, cfg, torch.device("cpu"), gh.TASKS["gsm8k"])
+        assert rollout.rewards.tolist() == rewards
+
 # ----- dataset and collate -----
 
 def test_dataset_tokenizes_the_template_prompt(gsm8k_dir, tokenizer):
