@@ -23,7 +23,8 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Memory: gradient checkpointing on CUDA, update micro-batches with exact gradient accumulation, KV cache
   in generation. Rows with advantage 0 (groups whose rewards are all equal) skip the update's forward and
   backward: their gradient is exactly 0 (unless a KL penalty is on). A group's completions share one pass
-  over their prompt: they are packed behind it with a mask that lets each see only the prompt and itself.
+  over their prompt: in generation its KV cache is computed once and copied to the G samples; in the update
+  they are packed behind it with a mask that lets each see only the prompt and itself.
 - Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
 
 Run:
@@ -727,6 +728,18 @@ def inference_mode(model):
         model.train(was_training)
 
 
+def prefill_once(model, input_ids, attention_mask, num_samples):
+    """The KV cache of every prompt token but the last, computed once per prompt and repeated for its samples.
+    generate() then runs only the last prompt token and on, exactly as if it had prefilled each row itself."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)     # [prompts, prompt] as generate numbers them
+    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(num_samples)
+    return cache
+
+
 def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_tokens=256, temperature=1.0,
                          num_samples=4, *, batch_size=None):
     """Sample `num_samples` completions per prompt (rows grouped per prompt); temperature 0 decodes greedily.
@@ -743,12 +756,19 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     prompt_mask = attention_mask.repeat_interleave(num_samples, dim=0)
     rows, prompt_length = prompt_ids.shape
     batch_size = batch_size or rows
+    # Whole groups per generate call let each prompt be prefilled once for its samples, not once per sample.
+    share_prefill = num_samples > 1 and batch_size >= num_samples and prompt_length > 1
+    if share_prefill:
+        batch_size -= batch_size % num_samples
     pieces = []
     saved_config, model.generation_config = model.generation_config, GenerationConfig(eos_token_id=eos_ids)
     try:
         with inference_mode(model):
             for start in range(0, rows, batch_size):
-                out = model.generate(input_ids=prompt_ids[start:start + batch_size],
+                prompts = slice(start // num_samples, (start + batch_size) // num_samples)
+                cache = prefill_once(model, input_ids[prompts], attention_mask[prompts], num_samples) \
+                    if share_prefill else None
+                out = model.generate(input_ids=prompt_ids[start:start + batch_size], past_key_values=cache,
                                      attention_mask=prompt_mask[start:start + batch_size], generation_config=config)
                 pieces.append(out[:, prompt_length:])
     finally:

@@ -1,15 +1,17 @@
-"""Per-step seconds on a real model: the previous log-prob path and today's, side by side in one run.
+"""Per-step seconds on a real model: the previous generation and log-prob paths and today's, side by side.
 
-Previous: every row computes its prompt again (8 times per group) and a step whose groups all got equal
-rewards still runs forward and backward for an exactly-zero gradient. Today: rows that share a prompt are
-packed so it runs once (shared_prompt_hidden), and rows without signal run no pass (rows_with_signal).
+Previous: generate prefills every row's prompt (8 times per group), every row computes its prompt again in the
+log-prob pass, and a step whose groups all got equal rewards still runs forward and backward for an
+exactly-zero gradient. Today: generation prefills each prompt once per group (prefill_once), rows that share a
+prompt are packed so it runs once (shared_prompt_hidden), and rows without signal run no pass
+(rows_with_signal).
 
-Each step samples one rollout with the pipeline's collect_rollout (generation is the same code for both), then
-times on that same rollout, from the same weights: the no-grad log-prob pass that the old policy (--ppo-epochs
-> 1) and the reference (--kl-coef > 0) use, and grpo_update; and grpo_update again on a copy of the rollout with
-every advantage 0 (a step without signal). The timed update gives every row a random nonzero advantage, since
-a step's own rewards may have no spread at all. Weights and optimizer are restored after every timing, so both
-paths do the same work.
+Each step samples one rollout with the pipeline's collect_rollout both ways from the same seed, timing each,
+then times on today's rollout, from the same weights: the no-grad log-prob pass that the old policy
+(--ppo-epochs > 1) and the reference (--kl-coef > 0) use, and grpo_update; and grpo_update again on a copy of
+the rollout with every advantage 0 (a step without signal). The timed update gives every row a random nonzero
+advantage, since a step's own rewards may have no spread at all. Weights and optimizer are restored after
+every timing, so both paths do the same work.
 
 Where the `trl` package is installed (a benchmark-only dependency, never the project's), TRL's GRPOTrainer then
 runs the same model, prompts and settings in the same process (loss_type grpo, beta 0, one update per rollout,
@@ -20,6 +22,7 @@ Not collected by pytest. On the real SmolLM2-135M-Instruct (built by .ci/run) an
     python tests/bench_step.py --task arithmetic --batch-size 4 --max-new-tokens 40 --temperature 0.7
 """
 import argparse
+import contextlib
 import copy
 import dataclasses
 import os
@@ -38,9 +41,22 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
 
 
 def previous_path():
-    """The log-prob pass and update as they were: one prompt per row, and every row runs."""
-    return {"prompt_segments": lambda ids, mask, start: torch.arange(ids.shape[0], device=ids.device),
+    """Generation, log-prob pass and update as they were: one prompt per row, and every row runs."""
+    return {"prefill_once": lambda *args: None,         # generate() then prefills each row itself
+            "prompt_segments": lambda ids, mask, start: torch.arange(ids.shape[0], device=ids.device),
             "rows_with_signal": lambda rollout, cfg: rollout}
+
+
+@contextlib.contextmanager
+def patched(patches: dict):
+    saved = {name: getattr(gh, name) for name in patches}
+    try:
+        for name, value in patches.items():
+            setattr(gh, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(gh, name, value)
 
 
 def timed(fn):
@@ -51,7 +67,6 @@ def timed(fn):
 
 def measure(model, optimizer, rollout, cfg, patches) -> dict:
     """Seconds of each phase on `rollout` with `patches` applied to the module; weights restored after."""
-    saved = {name: getattr(gh, name) for name in patches}
     weights, state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
     # Timing needs known signal, not whatever this step's rewards were (SmolLM2 scores 0 on GSM8K): every row
     # gets a nonzero advantage, or none does.
@@ -60,19 +75,16 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
     silent = dataclasses.replace(rollout, advantages=torch.zeros_like(rollout.advantages))
     scorer = gh.PolicyLogprobs(model)
     try:
-        for name, value in patches.items():
-            setattr(gh, name, value)
-        out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(scorer, rollout,
+        with patched(patches):
+            out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(scorer, rollout,
                                                                                                  cfg)),
                "update, every group with spread": timed(lambda: gh.grpo_update(model, optimizer, spread, cfg,
                                                                                 scorer=scorer))}
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(state)
-        out["update, no group with spread"] = timed(lambda: gh.grpo_update(model, optimizer, silent, cfg,
-                                                                            scorer=scorer))
+            model.load_state_dict(weights)
+            optimizer.load_state_dict(state)
+            out["update, no group with spread"] = timed(lambda: gh.grpo_update(model, optimizer, silent, cfg,
+                                                                                scorer=scorer))
     finally:
-        for name, value in saved.items():
-            setattr(gh, name, value)
         model.load_state_dict(weights)
         optimizer.load_state_dict(state)
     return out
@@ -145,15 +157,17 @@ def main():
     loader = torch.utils.data.DataLoader(problems, batch_size=args.batch_size,
                                          collate_fn=lambda b: gh.collate_prompts(b, tokenizer))
     optimizer = gh.build_optimizer(model.parameters(), cfg.learning_rate)
-    totals = {"previous": {}, "today": {}}
-    generation = 0.0
+    paths = (("previous", previous_path()), ("today", {}))
     for step, batch in enumerate(loader):           # step 0 warms up (first calls allocate and dispatch)
-        if step == 1:
-            totals, generation = {"previous": {}, "today": {}}, 0.0
-        t0 = time.perf_counter()
-        rollout = gh.collect_rollout(model, tokenizer, batch, cfg, device, gh.TASKS[args.task])
-        generation += time.perf_counter() - t0
-        for name, patches in (("previous", previous_path()), ("today", {})):
+        if step <= 1:
+            totals = {"previous": {}, "today": {}}
+        for name, patches in paths:
+            torch.manual_seed(step)
+            with patched(patches):
+                t0 = time.perf_counter()
+                rollout = gh.collect_rollout(model, tokenizer, batch, cfg, device, gh.TASKS[args.task])
+                totals[name]["generation"] = totals[name].get("generation", 0.0) + time.perf_counter() - t0
+        for name, patches in paths:
             for phase, seconds in measure(model, optimizer, rollout, cfg, patches).items():
                 totals[name][phase] = totals[name].get(phase, 0.0) + seconds
         print(f"step {step}: {rollout.output_ids.shape[0]} rows x {rollout.output_ids.shape[1]} tokens "
@@ -162,12 +176,10 @@ def main():
     print(f"\n{args.model} on {device}, {args.task}: {args.batch_size} prompts x {args.group_size} samples x "
           f"{args.max_new_tokens} new tokens, T {args.temperature}, micro-batch {args.micro_batch_size}, "
           f"mean of {steps} steps (seconds)\n")
-    rows = [("generation (the same code)", generation / steps, generation / steps)]
-    rows += [(phase, totals["previous"][phase] / steps, totals["today"][phase] / steps) for phase in totals["today"]]
+    rows = [(phase, totals["previous"][phase] / steps, totals["today"][phase] / steps) for phase in totals["today"]]
     for label, key in (("step with spread (generation + update)", "update, every group with spread"),
                        ("step without spread (generation + update)", "update, no group with spread")):
-        rows.append((label, (generation + totals["previous"][key]) / steps, (generation + totals["today"][key]) /
-                     steps))
+        rows.append((label, *((totals[name]["generation"] + totals[name][key]) / steps for name, _ in paths)))
     print(f"| phase | previous | today | previous / today |\n|---|---|---|---|")
     for label, before, now in rows:
         print(f"| {label} | {before:.2f} | {now:.2f} | {before / now:.2f}x |")

@@ -277,6 +277,33 @@ def test_rows_are_grouped_per_prompt(model_and_tokenizer):
     assert (out["output_ids"][3:, :P] == batch["input_ids"][1]).all()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prefilling_each_prompt_once_per_group_gives_the_tokens_of_a_prefill_per_row(model_and_tokenizer,
+                                                                                     temperature):
+    model, tok = model_and_tokenizer
+    batch = _left_padded_batch(tok, ["Q: 1 + 1?", "a much longer second prompt, padded less", "third one"])
+    config = gh.sampling_config(temperature, 6, gh.eos_token_ids(model, tok), tok.pad_token_id)
+    torch.manual_seed(0)
+    seen = []
+    _capture_generate(model, seen)
+    out = gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], 6, temperature, 2,
+                                  batch_size=5)    # whole groups per call: prompts 0-1, then prompt 2
+    del model.generate
+    torch.manual_seed(0)
+    with torch.no_grad():        # plain generate, the same calls: every row prefills its own prompt
+        reference = [model.generate(input_ids=batch["input_ids"][p].repeat_interleave(2, 0), generation_config=config,
+                                    attention_mask=batch["attention_mask"][p].repeat_interleave(2, 0),
+                                    output_logits=True, return_dict_in_generate=True)
+                     for p in (slice(0, 2), slice(2, 3))]
+    assert [kwargs["input_ids"].shape[0] for kwargs, _ in seen] == [4, 2]
+    for (_, ours), theirs in zip(seen, reference):
+        assert torch.allclose(torch.stack(ours.logits), torch.stack(theirs.logits), atol=1e-5)
+    width = out["output_ids"].shape[1]
+    tokens = torch.cat([torch.nn.functional.pad(r.sequences, (0, width - r.sequences.shape[1]),
+                                                value=tok.pad_token_id) for r in reference])
+    assert torch.equal(out["output_ids"], tokens)
+
+
 def test_completion_mask_stops_at_the_first_of_either_eos_by_position(model_and_tokenizer, monkeypatch):
     model, tok = model_and_tokenizer
     im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id       # pad is also an EOS
@@ -296,11 +323,13 @@ def test_generation_uses_the_kv_cache_even_with_gradient_checkpointing(model_and
     gh.enable_checkpointing(model)
     assert model.is_gradient_checkpointing
     model.train()
-    lengths = []
-    model.model.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    shapes = []
+    model.model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                          with_kwargs=True)
     batch = _left_padded_batch(tok, ["Question: 5 + 5?"])
     gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], 5, 1.0, 2)
-    assert lengths[0] == batch["input_ids"].shape[1] and set(lengths[1:]) <= {1} and len(lengths) >= 2
+    # The prompt is prefilled once for both samples (all but its last token), then every pass is one new token.
+    assert shapes[0] == (1, batch["input_ids"].shape[1] - 1) and set(shapes[1:]) == {(2, 1)}, shapes
     assert model.training                                      # restored for the update
 
 

@@ -150,7 +150,7 @@ def test_step_bench_times_both_paths_on_the_same_rollout(smollm2):
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in table[1:]] == [                 # after the header
-        "| generation (the same code)", "| log-probs, no grad (old policy / reference)",
+        "| generation", "| log-probs, no grad (old policy / reference)",
         "| update, every group with spread",
         "| update, no group with spread", "| step with spread (generation + update)",
         "| step without spread (generation + update)"]
