@@ -1286,9 +1286,10 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
 def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
     """write(tmp) then rename tmp over `path`: a reader never sees half a file, and only a regular file this
     run could have written is ever replaced (a symlink or folder in its place is refused, never written through)."""
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise UserError(f"{path} is not a regular file; refusing to write over it")
     tmp = path.with_name(path.name + ".tmp")
+    for p in (path, tmp):
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            raise UserError(f"{p} is not a regular file; refusing to write over it")
     tmp.unlink(missing_ok=True)
     write(tmp)
     os.replace(tmp, path)
@@ -1539,7 +1540,10 @@ def is_main() -> bool:
 
 def init_distributed(device_name: str) -> None:
     """Join the process group torchrun describes in the environment: nccl between GPUs, gloo between CPUs."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if not world_size.strip().isdigit():
+        raise UserError(f"WORLD_SIZE={world_size!r} is not a process count: launch with torchrun, or unset it")
+    if int(world_size) <= 1 or dist.is_initialized():
         return
     missing = [v for v in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:

@@ -372,6 +372,9 @@ def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, 
     monkeypatch.setenv("WORLD_SIZE", "2")
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2"), capsys)
     assert code == 2 and "launch with torchrun" in err and not (tmp_path / "r2").exists()
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r3"), capsys)
+    assert code == 2 and "is not a process count" in err and not (tmp_path / "r3").exists()
 
 
 def test_a_half_written_last_metrics_line_is_dropped_on_resume(run_copy, capsys):
@@ -422,6 +425,11 @@ def test_report_never_writes_through_a_symlink_and_names_damage(run_copy, tmp_pa
     assert code == 2 and "not a regular file" in err and outside.read_text() == "mine"
 
     (run_copy / "before_after.md").unlink()
+    (run_copy / "before_after.md.tmp").mkdir()
+    code, err = main_err(["--report", run_copy], capsys)
+    assert code == 2 and "before_after.md.tmp is not a regular file" in err
+    (run_copy / "before_after.md.tmp").rmdir()
+
     shutil.rmtree(run_copy / "plots")
     (tmp_path / "elsewhere").mkdir()
     (run_copy / "plots").symlink_to(tmp_path / "elsewhere")
