@@ -765,9 +765,10 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     try:
         with inference_mode(model):
             for start in range(0, rows, batch_size):
-                prompts = slice(start // num_samples, (start + batch_size) // num_samples)
-                cache = prefill_once(model, input_ids[prompts], attention_mask[prompts], num_samples) \
-                    if share_prefill else None
+                cache = None
+                if share_prefill:
+                    prompts = slice(start // num_samples, (start + batch_size) // num_samples)
+                    cache = prefill_once(model, input_ids[prompts], attention_mask[prompts], num_samples)
                 out = model.generate(input_ids=prompt_ids[start:start + batch_size], past_key_values=cache,
                                      attention_mask=prompt_mask[start:start + batch_size], generation_config=config)
                 pieces.append(out[:, prompt_length:])
