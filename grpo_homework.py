@@ -108,6 +108,7 @@ class Config:
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
     lr_warmup_steps: int = _flag(10, "linear learning-rate warm-up, then constant")
+    lr_decay: bool = _flag(False, "after the warm-up, decay the learning rate linearly to 0 at --max-steps")
     weight_decay: float = _flag(0.0, "AdamW decoupled weight decay")
     max_grad_norm: float = _flag(1.0, "gradient clipping norm")
     num_epochs: int = _flag(1, "passes over the training problems")
@@ -222,6 +223,8 @@ def validate_config(cfg: Config) -> None:
     require(cfg.generation_batch_size % cfg.group_size == 0,
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
     require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
+    require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps,
+            "--lr-decay needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps)")
     require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1 "
                                                                     "(the same as --clip-eps)")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1 "
@@ -987,6 +990,16 @@ def stochastic_round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     bits = x.view(torch.int32)
     noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device)
     return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
+    """Factor on the learning rate of optimizer step `step` (from 0): linear warm-up over `warmup_steps`, then 1,
+    or with `decay_end` a straight line down that would reach 0 at step `decay_end` (its last step keeps a bit)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay_end:
+        return max(0.0, (decay_end - step) / (decay_end - warmup_steps))
+    return 1.0
 
 
 def build_optimizer(params, lr):
@@ -1933,8 +1946,8 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     print("Setting up optimizer...")
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
     optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
+        step, cfg.lr_warmup_steps, cfg.max_steps if cfg.lr_decay else 0))
     start = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
     summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
     if state is not None:
@@ -2270,6 +2283,8 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
             raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
         changed = sorted(k for k, v in explicit.items()
                          if k not in RESUME_MAY_CHANGE | {"output_dir"} and v != getattr(base, k))
+        if base.lr_decay and "max_steps" in explicit and explicit["max_steps"] != base.max_steps:
+            changed.append("max_steps")     # its learning rate was already decayed towards the old last step
         if changed:
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
                             f"the run was trained with other values (start a new run instead)")

@@ -505,3 +505,11 @@ def test_bf16_weights_follow_the_fp32_adamw_path_at_lr_1e6():
     kept = lambda d: (d @ reference / (reference @ reference)).item()     # noqa: E731
     assert ours_p.dtype == torch.bfloat16
     assert kept(ours) >= 0.8 and kept(plain) < 0.1
+
+
+def test_learning_rate_schedule_hand_computed():
+    warm_then_constant = [gh.lr_multiplier(s, 2) for s in range(4)]
+    assert warm_then_constant == [0.5, 1.0, 1.0, 1.0]
+    warm_then_decay = [gh.lr_multiplier(s, 2, decay_end=6) for s in range(6)]
+    assert warm_then_decay == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
+    assert [gh.lr_multiplier(s, 0, decay_end=4) for s in range(4)] == pytest.approx([1.0, 0.75, 0.5, 0.25])

@@ -398,6 +398,19 @@ def test_resume_refuses_flags_that_change_what_the_run_learns(run_copy, capsys):
     assert (run_copy / "config.json").read_text() == config
 
 
+def test_lr_decay_follows_its_line_to_max_steps_and_resume_cannot_move_its_end(model_dir, gsm8k_dir, tmp_path,
+                                                                             capsys):
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "4", "--lr-warmup-steps", "1",
+                             "--lr-decay")) == 0
+    lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([1e-3, 1e-3, 1e-3 * 2 / 3, 1e-3 / 3])      # tiny_args trains at lr 1e-3
+    code, err = main_err(["--resume", out, "--max-steps", "6"], capsys)
+    assert code == 2 and "--resume cannot change --max-steps" in err
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2", "--max-steps", "0", "--lr-decay"), capsys)
+    assert code == 2 and "--lr-decay needs --max-steps" in err and not (tmp_path / "r2").exists()
+
+
 def test_modes_refuse_flags_they_would_ignore(model_dir, run_copy, capsys):
     assert "leave out MODEL_PATH" in main_err(["--demo", model_dir], capsys)[1]
     assert "takes no other flags" in main_err(["--report", run_copy, "--group-size", "4"], capsys)[1]
