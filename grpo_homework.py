@@ -17,6 +17,8 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   with the same left padding, attention mask, positions and temperature.
 - Old policy: with one PPO epoch (the default) the old log-probs are the current ones detached, so the first
   ratio is exactly 1 and no extra forward pass is spent. `--ppo-epochs N` computes them once up front.
+- Learning rate: linear warm-up over `--lr-warmup-steps`, then constant; `--lr-decay` lets it fall linearly
+  towards 0 at `--max-steps` instead (a short run can start fast and still end with small steps).
 - Precision: bf16 weights on CUDA, updated by AdamW whose step is computed in fp32 and written back with
   stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 on CPU. Log-softmax is taken in fp32
   over chunks of completion positions only, never over a full (sequences x positions x vocab) tensor.
@@ -1488,9 +1490,11 @@ def write_plots(run_dir: Path) -> list[Path]:
     accuracy_lines = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color)
                       for when, key, color in (("before", "accuracy_before", "tab:red"),
                                                ("after", "accuracy_after", "tab:green")) if key in summary]
-    figure("reward.png", "Mean reward of sampled completions", "reward",
-           [("per step", rewards, "-"), (f"moving mean ({max(len(rewards) // 20, 1)} steps)",
-                                         smooth(rewards, max(len(rewards) // 20, 1)), "-")], accuracy_lines)
+    reward_series = [("per step", rewards, "-")]
+    window = len(rewards) // 20
+    if window > 1:                     # under 40 steps a moving mean would only draw over the steps
+        reward_series.append((f"moving mean ({window} steps)", smooth(rewards, window), "-"))
+    figure("reward.png", "Mean reward of sampled completions", "reward", reward_series, accuracy_lines)
     figure("length.png", "Completion length", "tokens",
            [("mean", [m["completion_len_mean"] for m in metrics], "-"),
             ("max", [m["completion_len_max"] for m in metrics], "-")])
