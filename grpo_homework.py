@@ -2285,10 +2285,10 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         base = saved_config(Path(args.resume))
         if "output_dir" in explicit and Path(explicit["output_dir"]).resolve() != Path(args.resume).resolve():
             raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
-        changed = sorted(k for k, v in explicit.items()
-                         if k not in RESUME_MAY_CHANGE | {"output_dir"} and v != getattr(base, k))
-        if base.lr_decay and "max_steps" in explicit and explicit["max_steps"] != base.max_steps:
-            changed.append("max_steps")     # its learning rate was already decayed towards the old last step
+        may_change = RESUME_MAY_CHANGE | {"output_dir"}
+        if base.lr_decay:                   # its learning rate was already decayed towards the old last step
+            may_change -= {"max_steps"}
+        changed = sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k))
         if changed:
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
                             f"the run was trained with other values (start a new run instead)")
