@@ -6,8 +6,12 @@ micro-batches, build_optimizer, save_checkpoint) on synthetic prompts of GSM8K's
 (bf16 on CUDA, fp32 on CPU), and prints per config: peak allocated and reserved GPU memory, seconds for
 generation and update, generated and update tokens/s, and the decode step against its bandwidth bound (weight
 bytes / memory bandwidth, measured with a large copy in the same run). Then greedy generation three ways on the
-same prompts: as the pipeline calls `generate` (dynamic KV cache), with a static cache, and with a static cache
-plus torch.compile; tokens/s side by side, and whether all three give identical tokens.
+same prompts four ways: as the pipeline calls `generate` (dynamic KV cache), with a static cache, with a static
+cache plus torch.compile, and with continuous batching (`generate_batch`: paged attention, CUDA graphs on a GPU);
+tokens/s side by side, and whether all four give identical tokens. Last, continuous batching samples at the
+pipeline's temperature and the pipeline scores those samples: the log-probs `generate_batch` reports must agree
+with compute_logprobs_from_model's within the sampler-agreement test's tolerance (2e-4), or its samples would not
+be the distribution the loss assumes.
 
 A random model almost never samples EOS, so every completion runs to --max-new-tokens: the worst case.
 
@@ -32,6 +36,7 @@ QWEN25_15B = dict(vocab_size=151_936, hidden_size=1536, intermediate_size=8960, 
                   num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6,
                   max_position_embeddings=32_768)
 EOS, PAD = 151_645, 151_643            # <|im_end|> and <|endoftext|>, as Qwen2.5-Instruct declares them
+AGREEMENT_ATOL = 2e-4                  # tests/test_real_model.py: the sampler's log-probs vs the scorer's
 
 
 class SyntheticTokenizer:
@@ -123,8 +128,21 @@ def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device
     return out
 
 
-def generation_three_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> dict:
-    """Greedy tokens/s: the pipeline's generate call, a static KV cache, a static cache + torch.compile."""
+def continuous_batching(model, rows: torch.Tensor, config) -> tuple[torch.Tensor, list[list[float]]]:
+    """`generate_batch` on unpadded prompts: new tokens [rows, new] (PAD after an early EOS) and their log-probs."""
+    from transformers import ContinuousBatchingConfig
+    with gh.inference_mode(model):
+        out = model.generate_batch(rows.tolist(), generation_config=config, progress_bar=False,
+                                   continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True))
+    ordered = [out[key] for key in sorted(out, key=lambda k: int(k.rsplit("_", 1)[1]))]      # req_0, req_1, ...
+    width = max(len(o.generated_tokens) for o in ordered)
+    tokens = torch.tensor([o.generated_tokens + [PAD] * (width - len(o.generated_tokens)) for o in ordered])
+    return tokens.to(rows.device), [o.logprobs for o in ordered]
+
+
+def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> dict:
+    """Greedy tokens/s: the pipeline's generate call, a static KV cache, a static cache + torch.compile, and
+    continuous batching; then whether continuous batching samples the distribution the pipeline scores."""
     from transformers import CompileConfig
     batch = synthetic_batch(cfg, prompt_tokens, device)
     rows = batch["input_ids"].repeat_interleave(cfg.group_size, 0)
@@ -135,7 +153,8 @@ def generation_three_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> 
     compile_everywhere._compile_all_devices = True        # transformers compiles only on accelerators otherwise
     ways = {"pipeline (dynamic cache)": None,
             "static cache": dict(cache_implementation="static", disable_compile=True),
-            "static cache + compile": dict(cache_implementation="static", compile_config=compile_everywhere)}
+            "static cache + compile": dict(cache_implementation="static", compile_config=compile_everywhere),
+            "continuous batching": "generate_batch"}
     results, tokens = {}, {}
     for name, extra in ways.items():
         for attempt in range(2):               # the second call is timed: compilation and warm-up are not
@@ -143,20 +162,30 @@ def generation_three_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> 
             t0 = time.perf_counter()
             if extra is None:
                 out = gh.generate_completions(model, tokenizer, rows, mask, cfg.max_new_tokens, temperature=0.0,
-                                              num_samples=1)["output_ids"]
+                                              num_samples=1)["output_ids"][:, rows.shape[1]:]
+            elif extra == "generate_batch":
+                out = continuous_batching(model, rows, config)[0]
             else:
                 way = copy.deepcopy(config)
                 for key, value in extra.items():
                     setattr(way, key, value)
                 with gh.inference_mode(model):
-                    out = model.generate(input_ids=rows, attention_mask=mask, generation_config=way)
+                    out = model.generate(input_ids=rows, attention_mask=mask, generation_config=way)[:, rows.shape[1]:]
             sync(device)
             seconds = time.perf_counter() - t0
-        tokens[name] = out[:, rows.shape[1]:]
-        results[name] = tokens[name].numel() / seconds
+        tokens[name] = out
+        results[name] = out.numel() / seconds
     first = next(iter(tokens.values()))
-    identical = all(t.shape == first.shape and torch.equal(t, first) for t in tokens.values())
-    return {"tok_s": results, "identical": identical}
+    identical = {name: t.shape == first.shape and torch.equal(t, first) for name, t in tokens.items()}
+
+    sampling = gh.sampling_config(cfg.temperature, cfg.max_new_tokens, [EOS, PAD], PAD)
+    new, reported = continuous_batching(model, rows, sampling)
+    full = torch.cat([rows, new], 1)
+    with gh.inference_mode(model):
+        scored = gh.compute_logprobs_from_model(model, full, torch.ones_like(full), temperature=cfg.temperature,
+                                                prompt_length=rows.shape[1])[:, rows.shape[1]:]
+    gaps = [abs(float(scored[r, t]) - lp) for r, lps in enumerate(reported) for t, lp in enumerate(lps)]
+    return {"tok_s": results, "identical": identical, "logprob_gap": max(gaps, default=float("nan"))}
 
 
 def main(argv=None):
@@ -165,7 +194,7 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=QWEN25_15B["num_hidden_layers"], help="28 = the real depth")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per config; the first is not timed")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="GSM8K's chat prompts are about 100 tokens")
-    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile generation")
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the four-way generation comparison")
     for name in ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(gh.Config, name))
     args = parser.parse_args(argv)
@@ -194,9 +223,12 @@ def main(argv=None):
           f"({bound_ms / r['decode_step_ms']:.0%} of the bound)")
     if args.skip_compile:
         return
-    g = generation_three_ways(model, cfg, args.prompt_tokens, device)
+    g = generation_four_ways(model, cfg, args.prompt_tokens, device)
     print("greedy generation, new tokens/s: " + ", ".join(f"{k} {v:.0f}" for k, v in g["tok_s"].items()) +
-          f"; identical tokens: {g['identical']}")
+          f"; identical tokens: {all(g['identical'].values())}" +
+          "".join(f" ({k} differs)" for k, same in g["identical"].items() if not same))
+    print(f"continuous batching sampled at temperature {cfg.temperature}: its log-probs vs the pipeline's, max "
+          f"|difference| {g['logprob_gap']:.1e}; agree within {AGREEMENT_ATOL:.0e}: {g['logprob_gap'] <= AGREEMENT_ATOL}")
 
 
 if __name__ == "__main__":
