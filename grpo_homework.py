@@ -955,10 +955,22 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
     Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 that is
     nearly all of them. Rounding up or down with probability proportional to the distance keeps the expected
     weight equal to the fp32 one. fp32 weights get ordinary AdamW.
-    """
 
-    def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    The step works through each tensor in slices of SLICE elements, so its fp32 temporaries stay ~100 MB even
+    for Qwen2.5-1.5B's 233M-element embedding (whole, they would be ~5 GiB: the peak of a 24 GB card). The
+    rounding noise comes from a generator of its own, seeded alike on every process, so DDP replicas that
+    apply the same averaged gradient round it the same way and stay identical.
+    """
+    SLICE = 1 << 22
+
+    def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.seed, self.generators = seed, {}
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        if str(device) not in self.generators:
+            self.generators[str(device)] = torch.Generator(device).manual_seed(self.seed)
+        return self.generators[str(device)]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -973,24 +985,45 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
                 state["step"] += 1
-                grad = p.grad.float()
-                state["exp_avg"].lerp_(grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 bias1, bias2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
-                denom = (state["exp_avg_sq"] / bias2).sqrt_().add_(group["eps"])
-                weight = p.float()
-                weight.mul_(1 - group["lr"] * group["weight_decay"])
-                weight.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / bias1)
-                if hasattr(p, "to_local"):          # an FSDP shard: round this process's part of the tensor
-                    p, weight = p.to_local(), weight.to_local()
-                p.copy_(stochastic_round_to_bf16(weight) if p.dtype == torch.bfloat16 else weight)
+                # An FSDP shard (a DTensor) is updated through this process's part of it.
+                weight, grad, exp_avg, exp_avg_sq = (t.to_local().view(-1) if hasattr(t, "to_local") else t.view(-1)
+                                                     for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
+                for s in range(0, weight.numel(), self.SLICE):
+                    part = slice(s, s + self.SLICE)
+                    g = grad[part].float()
+                    exp_avg[part].lerp_(g, 1 - beta1)
+                    exp_avg_sq[part].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                    denom = (exp_avg_sq[part] / bias2).sqrt_().add_(group["eps"])
+                    new = weight[part].float().mul_(1 - group["lr"] * group["weight_decay"])
+                    new.addcdiv_(exp_avg[part], denom, value=-group["lr"] / bias1)
+                    weight[part].copy_(stochastic_round_to_bf16(new, self.generator(new.device))
+                                       if weight.dtype == torch.bfloat16 else new)
         return None
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch casts floating-point state to the parameter's dtype on load: the fp32 moments of bf16 weights
+        would come back as bf16 (rounded, and the next step fails). Put the saved ones back as they were."""
+        super().load_state_dict(state_dict)
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        for i, p in zip(ids, params):
+            for key, value in state_dict["state"].get(i, {}).items():
+                if torch.is_tensor(value) and value.is_floating_point() and key != "step":
+                    self.state[p][key] = value.to(device=p.device, copy=True)
 
-def stochastic_round_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    def rounding_state(self) -> dict:
+        return {device: g.get_state() for device, g in self.generators.items()}
+
+    def load_rounding_state(self, states: dict) -> None:
+        for device, state in states.items():
+            self.generator(torch.device(device)).set_state(state)
+
+
+def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """bf16 keeps the top 16 bits of an fp32: add uniform noise to the low 16, then truncate."""
     bits = x.view(torch.int32)
-    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device)
+    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
     return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 
 
@@ -1004,9 +1037,9 @@ def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
     return 1.0
 
 
-def build_optimizer(params, lr):
+def build_optimizer(params, lr, seed=0):
     """The optimizer main uses: AdamW that does not drop small updates on bf16 weights."""
-    return AdamWStochasticRounding(params, lr=lr)
+    return AdamWStochasticRounding(params, lr=lr, seed=seed)
 
 
 @dataclass
@@ -1156,7 +1189,7 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
             stats["skipped"] += 1
             print(f"warning: skipped an update with loss {epoch_loss} and grad norm {grad_norm}", file=sys.stderr)
         else:
-            optimizer.step()
+            optimizer_step(model, optimizer)
         stats["loss"] += epoch_loss / cfg.ppo_epochs
         stats["grad_norm"] += grad_norm / cfg.ppo_epochs
     optimizer.zero_grad(set_to_none=True)
@@ -1165,12 +1198,41 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     return stats
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's OutOfMemoryError, or an allocation failure that a library reports as a plain RuntimeError."""
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and bool(
+        re.search(r"out of memory|ALLOC_FAILED|failed to allocate", str(error), re.IGNORECASE)))
+
+
+def optimizer_step(model, optimizer) -> None:
+    """optimizer.step(), where running out of memory is final: a smaller micro-batch changes nothing the step
+    holds, and a retried step would update the moments and weights it had already updated a second time."""
+    try:
+        optimizer.step()
+    except RuntimeError as e:
+        if not is_out_of_memory(e):
+            raise
+        params = [p for p in model.parameters() if p.requires_grad]
+        weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+        grads = sum(p.numel() * p.element_size() for p in params) / 2**30
+        moments = sum(p.numel() * 8 for p in params) / 2**30
+        card = f" of the GPU's {torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30:.1f}" \
+            if torch.cuda.is_available() else ""
+        raise UserError(f"out of memory in the optimizer step: weights {weights:.1f} GiB + gradients {grads:.1f} GiB + "
+                        f"AdamW moments {moments:.1f} GiB (fp32) do not fit beside the rest{card} GiB. Smaller "
+                        f"batches do not help here; a smaller model, --dtype bfloat16 if the weights are float32, "
+                        f"no --kl-coef (its reference model), or several GPUs with torchrun --parallel fsdp would. "
+                        f"This step was not applied and no checkpoint was written after it") from None
+
+
 def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
     """Run fn; on CUDA out-of-memory, free the cache, halve cfg.<knob> and retry; give up at 1 with a clear error."""
     while True:
         try:
             return fn()
-        except torch.OutOfMemoryError:
+        except RuntimeError as e:
+            if not is_out_of_memory(e):
+                raise
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             size = getattr(cfg, knob)
@@ -1372,9 +1434,20 @@ def load_optimizer_state(scorer, optimizer, state: dict) -> None:
     set_optimizer_state_dict(scorer, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-def rng_state() -> dict:
+def rng_state(optimizer) -> dict:
+    """This process's random streams: sampling (python, torch, its own GPU's) and the optimizer's rounding."""
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "rounding": optimizer.rounding_state() if hasattr(optimizer, "rounding_state") else {}}
+
+
+def set_rng_state(rng: dict, optimizer) -> None:
+    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():    # the GPU this process uses, whatever its index
+        torch.cuda.set_rng_state(rng["cuda"][0] if isinstance(rng["cuda"], list) else rng["cuda"])
+    if hasattr(optimizer, "load_rounding_state"):
+        optimizer.load_rounding_state(rng.get("rounding", {}))
 
 
 def to_plain(obj, tensors: dict[str, torch.Tensor]):
@@ -1419,7 +1492,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
     save_model(tmp, model, tokenizer, scorer)
     state = {"optimizer": optimizer_state(scorer, optimizer), "scheduler": scheduler.state_dict(),
              "step": record["step"], "epoch": record["epoch"], "batch_in_epoch": record["batch_in_epoch"],
-             "rng": gather_objects(rng_state())}                                # one per process, by rank
+             "rng": gather_objects(rng_state(optimizer))}                                # one per process, by rank
     if is_main():
         tensors = {}
         (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
@@ -1691,6 +1764,8 @@ def pick_device(name: str) -> torch.device:
         raise UserError(f"--device {name} asked for, but no CUDA GPU is available")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise UserError(f"--device {name}: there are only {torch.cuda.device_count()} GPUs")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
     return device
 
 
@@ -1704,8 +1779,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
             raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
         if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
             raise UserError(f"MODEL_PATH {path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-             "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
+    dtype = weight_dtype(dtype_name, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
@@ -1715,6 +1789,22 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def weight_dtype(name: str, device: torch.device) -> torch.dtype:
+    """--dtype auto: bf16 on GPUs that compute it natively (compute capability 8.0 on: A100, A10G, L4, RTX 30xx
+    and later); fp32 elsewhere, where bf16 is emulated slowly (T4, V100) or fails in cuBLAS (P40, M40)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type != "cuda":
+        return torch.float32
+    major, minor = torch.cuda.get_device_capability(device)
+    if major >= 8:
+        return torch.bfloat16
+    print(f"warning: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native bf16, "
+          f"so the weights are float32: weights and gradients take twice the memory (Qwen2.5-1.5B: 17.3 -> 23.0 GiB "
+          f"with the AdamW moments, more than a 24 GB card holds beside the activations)", file=sys.stderr)
+    return torch.float32
 
 
 def enable_checkpointing(model) -> None:
@@ -1948,7 +2038,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
                           rank=rank, world_size=world_size)
 
     print("Setting up optimizer...")
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed)
     optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, cfg.lr_warmup_steps, cfg.max_steps if cfg.lr_decay else 0))
@@ -1960,11 +2050,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
                             f"(now {world_size}), or the data and samples would not continue where they stopped")
         load_optimizer_state(scorer, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        rng = state["rng"][rank]
-        random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        set_rng_state(state["rng"][rank], optimizer)
         start = {k: state[k] for k in start}
         planned = min(cfg.max_steps or math.inf, cfg.num_epochs * len(loader))
         if summary.get("finished") and start["step"] >= planned:
@@ -2040,6 +2126,8 @@ def train_phase(run: Run) -> None:
             print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
 
     previous_handler = signal.signal(signal.SIGINT, ask_stop)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
     try:
         train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
                    cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, task=run.task, ref_model=run.ref_model,

@@ -8,6 +8,10 @@ Compares the naive path (full-vocabulary fp32 logits and log-softmax over every 
 (`compute_logprobs_from_model` with prompt_length: LM head on completion positions only, in chunks,
 recomputed in backward). Each path runs in its own process; the kernel's peak RSS is reset
 (/proc/self/clear_refs) after the model and its gradients exist, so construction does not hide the step.
+
+Then the optimizer step on Qwen2.5-1.5B's largest tensor, the tied 151,936 x 1,536 embedding, as on the GPU (bf16
+weight and gradient, fp32 moments, stochastic rounding): the memory the step adds over weight, gradient and
+moments, for the whole-tensor step this script had until the GPU precision issue and for today's sliced step.
 """
 import subprocess
 import sys
@@ -28,7 +32,38 @@ def rss_mb(field: str) -> float:
     raise RuntimeError(field)
 
 
+def whole_tensor_step(p, state, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    """The previous AdamWStochasticRounding.step for one tensor: ~6 fp32-sized temporaries at once."""
+    state["step"] += 1
+    grad = p.grad.float()
+    state["exp_avg"].lerp_(grad, 1 - betas[0])
+    state["exp_avg_sq"].mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
+    bias1, bias2 = 1 - betas[0] ** state["step"], 1 - betas[1] ** state["step"]
+    denom = (state["exp_avg_sq"] / bias2).sqrt_().add_(eps)
+    weight = p.float()
+    weight.mul_(1 - lr * weight_decay)
+    weight.addcdiv_(state["exp_avg"], denom, value=-lr / bias1)
+    p.data.copy_(gh.stochastic_round_to_bf16(weight))
+
+
+def measure_optimizer(path: str) -> float:
+    torch.manual_seed(0)
+    p = torch.nn.Parameter((torch.randn(151_936, 1536) * 0.02).bfloat16())
+    p.grad = (torch.randn(151_936, 1536) * 1e-3).bfloat16()
+    optimizer = gh.build_optimizer([p], lr=1e-6)
+    optimizer.step()                                  # moments exist, as from the second step of a run on
+    Path("/proc/self/clear_refs").write_text("5")
+    base = rss_mb("VmRSS")
+    if path == "adamw-whole":
+        whole_tensor_step(p, optimizer.state[p])
+    else:
+        optimizer.step()
+    return rss_mb("VmHWM") - base
+
+
 def measure(path: str, dtype: str) -> float:
+    if path.startswith("adamw"):
+        return measure_optimizer(path)
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=151_936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=2,
@@ -68,3 +103,10 @@ if __name__ == "__main__":
               f"{above:>12.2f}")
     print("target: ours/naive <= 0.33 for the weights the CLI trains (bfloat16); 'body' is the transformer layers "
           "and tied-embedding gradient that both paths share")
+    mb = {path: float(subprocess.run([sys.executable, __file__, path, "bfloat16"], capture_output=True, text=True,
+                                     check=True).stdout.split()[-1]) for path in ("adamw-whole", "adamw-sliced")}
+    print(f"\noptimizer step on the 151,936 x 1,536 embedding (bf16 weight and gradient, fp32 moments: "
+          f"{151_936 * 1536 * 12 / 2**20:.0f} MB held before the step); memory the step adds, MB")
+    print(f"{'whole tensor (before)':<24}{'sliced (now)':>14}{'ratio':>8}")
+    print(f"{mb['adamw-whole']:<24.0f}{mb['adamw-sliced']:>14.0f}{mb['adamw-sliced'] / mb['adamw-whole']:>8.3f}")
+    print("target: the sliced step adds <= 512 MB")

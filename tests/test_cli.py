@@ -118,9 +118,15 @@ def test_an_existing_run_is_never_overwritten(model_dir, gsm8k_dir, tmp_path, ca
     assert "already holds a run" in capsys.readouterr().err
 
 
-def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, addition_dir, tmp_path):
+# The GPU job's precision: bf16 weights (fp32 moments, stochastically rounded steps) and gradient checkpointing.
+GPU_PRECISION = ["--dtype", "bfloat16", "--gradient-checkpointing", "on"]
+
+
+@pytest.mark.parametrize("precision", [[], GPU_PRECISION], ids=["fp32", "bf16"])
+def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, addition_dir, tmp_path, precision):
     whole, split = tmp_path / "whole", tmp_path / "split"
-    args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4"]
+    args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4",
+            *precision]
     assert run_cli(tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", "--save-every", "2",
                              *args)).returncode == 0
     assert run_cli(tiny_args(warm_model_dir, addition_dir, split, "--max-steps", "2", "--save-every", "2",
@@ -135,16 +141,21 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     # the test means something only if sampled rewards moved the weights after the checkpoint
     assert any(m["zero_spread_frac"] < 1 and m["grad_norm"] > 0 for m in metrics[2:])
+    dtype = torch.bfloat16 if precision else torch.float32
     start = load_file(warm_model_dir / "model.safetensors")
-    assert any(not torch.equal(a[k], start[k]) for k in a)
+    assert all(a[k].dtype == dtype for k in a) and any(not torch.equal(a[k], start[k].to(dtype)) for k in a)
     assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    final, _ = gh.load_model_and_tokenizer(str(split / "final"), torch.device("cpu"), "auto" if not precision else
+                                           "bfloat16")
+    assert torch.isfinite(final(torch.tensor([[1, 2, 3]])).logits).all()
 
 
 def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, tmp_path):
+    """In the GPU job's precision, where the optimizer's fp32 state must survive the checkpoint."""
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
     proc = subprocess.Popen([sys.executable, SCRIPT, *tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "500",
-                                                                 "--num-epochs", "200")],
+                                                                 "--num-epochs", "200", *GPU_PRECISION)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120
     while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
@@ -157,6 +168,9 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, 
     assert (out / "checkpoints" / f"step-{steps}" / "trainer_state.safetensors").exists()
     assert json.loads((out / "summary.json").read_text())["steps"] == steps
     assert (out / "plots" / "reward.png").exists()
+    resumed = run_cli(["--resume", str(out), "--max-steps", str(steps + 1)])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == steps + 1
 
 
 def test_out_of_memory_halves_the_micro_batch_then_gives_a_clear_error():
@@ -179,6 +193,58 @@ def test_out_of_memory_halves_the_micro_batch_then_gives_a_clear_error():
     with pytest.raises(gh.UserError):
         gh.halve_on_oom(cfg, "generation_batch_size", always)
     assert cfg.generation_batch_size == 4                 # never below one whole group
+
+
+def test_an_allocation_failure_reported_as_a_plain_runtime_error_is_halved_too():
+    cfg = gh.Config(micro_batch_size=8)
+    calls = []
+
+    def step():
+        calls.append(cfg.micro_batch_size)
+        if cfg.micro_batch_size > 4:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+        return "done"
+    assert gh.halve_on_oom(cfg, "micro_batch_size", step) == "done" and calls == [8, 4]
+    with pytest.raises(RuntimeError, match="shape mismatch"):                  # other errors are not swallowed
+        gh.halve_on_oom(cfg, "micro_batch_size", lambda: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.1 GiB"),
+                                   RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED")])
+def test_out_of_memory_in_the_optimizer_step_is_final_not_retried(model_and_tokenizer, error, monkeypatch):
+    """The step runs once: no micro-batch halving (it would rerun the passes and step a second time), and the
+    message names what the optimizer holds instead of batch sizes."""
+    from test_grpo import _rollout
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=4)
+    rollout = _rollout(model, tok, cfg)
+    optimizer = gh.build_optimizer(model.parameters(), lr=1e-3)
+    steps, real_step = [], optimizer.step
+
+    def step_that_runs_out():
+        steps.append(1)
+        real_step()                              # part of the state is updated, as when a GPU fails midway
+        raise error
+    monkeypatch.setattr(optimizer, "step", step_that_runs_out)
+    with pytest.raises(gh.UserError) as caught:
+        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.grpo_update(model, optimizer, rollout, cfg))
+    message = str(caught.value)
+    assert steps == [1] and cfg.micro_batch_size == 4
+    assert "optimizer step" in message and "AdamW moments" in message and "--parallel fsdp" in message
+    assert "--max-new-tokens" not in message
+    assert all(state["step"] == 1 for state in optimizer.state.values())
+
+
+@pytest.mark.parametrize("capability, expected", [((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16),
+                                                  ((7, 5), torch.float32), ((6, 1), torch.float32)])
+def test_dtype_auto_is_bf16_only_where_the_gpu_computes_it(monkeypatch, capsys, capability, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
+    assert gh.weight_dtype("auto", torch.device("cuda")) == expected
+    err = capsys.readouterr().err
+    assert ("no native bf16" in err and "twice the memory" in err) == (expected == torch.float32)
+    assert gh.weight_dtype("auto", torch.device("cpu")) == torch.float32
+    assert gh.weight_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16      # asked for: as asked
 
 
 def test_countdown_task_runs_end_to_end_on_generated_problems(model_dir, tmp_path, capsys):

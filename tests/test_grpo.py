@@ -507,6 +507,73 @@ def test_bf16_weights_follow_the_fp32_adamw_path_at_lr_1e6():
     assert kept(ours) >= 0.8 and kept(plain) < 0.1
 
 
+def whole_tensor_adamw_step(weight, grad, exp_avg, exp_avg_sq, step, lr, wd, betas=(0.9, 0.999), eps=1e-8):
+    """The slow reference: one AdamW step on whole fp32 tensors, as the textbook writes it (in place on moments)."""
+    exp_avg.lerp_(grad.float(), 1 - betas[0])
+    exp_avg_sq.mul_(betas[1]).addcmul_(grad.float(), grad.float(), value=1 - betas[1])
+    denom = (exp_avg_sq / (1 - betas[1] ** step)).sqrt() + eps
+    return weight.float() * (1 - lr * wd) - lr / (1 - betas[0] ** step) * exp_avg / denom
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliced_optimizer_step_equals_the_whole_tensor_step(monkeypatch, dtype):
+    """Slices of 7 elements (the real SLICE is 4M) over a 3 x 10 weight: moments equal the reference exactly;
+    fp32 weights too; bf16 weights land on one of the two bf16 neighbours of the fp32 result."""
+    monkeypatch.setattr(gh.AdamWStochasticRounding, "SLICE", 7)
+    torch.manual_seed(0)
+    param = torch.nn.Parameter((torch.randn(3, 10) * 0.02).to(dtype))
+    optimizer = gh.build_optimizer([param], lr=1e-2, seed=0)
+    optimizer.param_groups[0]["weight_decay"] = 0.1
+    m, v = torch.zeros(3, 10), torch.zeros(3, 10)
+    for step in range(1, 4):
+        param.grad = torch.randn(3, 10).to(dtype)
+        expected = whole_tensor_adamw_step(param.detach().clone(), param.grad, m, v, step, 1e-2, 0.1)
+        optimizer.step()
+        state = optimizer.state[param]
+        assert torch.equal(state["exp_avg"], m) and torch.equal(state["exp_avg_sq"], v)
+        assert state["exp_avg"].dtype == torch.float32 and param.dtype == dtype
+        if dtype == torch.float32:
+            assert torch.equal(param.detach(), expected)
+        else:
+            down = (expected.view(torch.int32) & -65536).view(torch.float32)       # truncation towards 0
+            up = (down.view(torch.int32) + 65536).view(torch.float32)              # next bf16 away from 0
+            got = param.detach().float()
+            assert ((got == down) | (got == up)).all()
+
+
+def test_replicas_round_alike_whatever_their_sampling_seed_and_resume_the_rounding_stream():
+    """DDP: every process applies the same averaged gradient; sampling seeds differ per process (seed + rank),
+    the optimizer's rounding must not. Its generator state goes into the checkpoint and comes back exactly."""
+    def replica(rank, steps, optimizer=None, param=None):
+        torch.manual_seed(100 + rank)                     # a per-process sampling stream, as seed_everything sets
+        g = torch.Generator().manual_seed(1)
+        if optimizer is None:
+            param = torch.nn.Parameter(torch.full((5000,), 0.3).bfloat16())
+            optimizer = gh.build_optimizer([param], lr=1e-5, seed=7)
+        for _ in range(steps):
+            param.grad = torch.randn(5000, generator=g).bfloat16()
+            optimizer.step()
+        return param, optimizer
+
+    a, _ = replica(0, 3)
+    b, _ = replica(1, 3)
+    assert torch.equal(a, b) and not torch.equal(a, torch.full((5000,), 0.3).bfloat16())
+    first, optimizer = replica(0, 2)
+    saved = {k: v.clone() for k, v in optimizer.rounding_state().items()}
+    state = optimizer.state_dict()
+    fresh_param = torch.nn.Parameter(first.detach().clone())
+    fresh = gh.build_optimizer([fresh_param], lr=1e-5, seed=7)
+    fresh.load_state_dict(state)
+    fresh.load_rounding_state(saved)
+    assert fresh.state[fresh_param]["exp_avg"].dtype == torch.float32        # torch would have cast it to bf16
+    torch.manual_seed(5)
+    grad = torch.randn(5000).bfloat16()
+    for opt, param in ((optimizer, first), (fresh, fresh_param)):
+        param.grad = grad.clone()
+        opt.step()
+    assert torch.equal(first, fresh_param)
+
+
 def test_learning_rate_schedule_hand_computed():
     warm_then_constant = [gh.lr_multiplier(s, 2) for s in range(4)]
     assert warm_then_constant == [0.5, 1.0, 1.0, 1.0]

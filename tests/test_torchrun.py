@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from test_cli import SCRIPT, tiny_args
+from test_cli import GPU_PRECISION, SCRIPT, tiny_args
 from torchrun_worker import tiny_policy, update_once
 
 WORKER = str(ROOT / "tests" / "torchrun_worker.py")
@@ -50,9 +50,10 @@ def test_check_replicas_catches_differing_weights_and_oom_is_reported_not_retrie
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(warm_model_dir, addition_dir, tmp_path,
                                                                              parallel):
+    """In the GPU job's precision: bf16 weights whose steps are rounded stochastically, gradient checkpointing."""
     whole, split = tmp_path / "whole", tmp_path / "split"
     args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4",
-            "--check-replicas", "--save-every", "2", "--parallel", parallel]
+            "--check-replicas", "--save-every", "2", "--parallel", parallel, *GPU_PRECISION]
     result = torchrun(SCRIPT, *tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", *args))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Training completed!") == 1                 # one process prints
@@ -73,6 +74,8 @@ def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(war
     from safetensors.torch import load_file
     a, b = load_file(whole / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start = load_file(warm_model_dir / "model.safetensors")
+    assert all(a[k].dtype == torch.bfloat16 for k in a) and any(not torch.equal(a[k], start[k].bfloat16()) for k in start)
     single = subprocess.run([sys.executable, SCRIPT, "--resume", str(split), "--max-steps", "6"], capture_output=True,
                             text=True)
     assert single.returncode == 2 and "written by 2 process(es)" in single.stderr
