@@ -70,6 +70,7 @@ from torch.utils.data import DataLoader, Dataset
 # Configuration: every hyperparameter is declared once, here; the command line is generated from it.
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
     return field(default=default, metadata={"help": doc, **argparse_kwargs})
 
@@ -138,103 +139,6 @@ class Config:
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
 
 
-def flag_name(field_name: str) -> str:
-    """The command-line flag of a Config field: group_size -> --group-size."""
-    return "--" + field_name.replace("_", "-")
-
-
-def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
-    """The CLI, one flag per Config field; defaults=False leaves out every default (to see what was typed)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                     argument_default=None if defaults else argparse.SUPPRESS)
-    for f in dataclasses.fields(Config):
-        kwargs = {k: v for k, v in f.metadata.items()}
-        if f.name == "model_path":
-            parser.add_argument("model_path", nargs="?", help=kwargs["help"],
-                                **({"default": f.default} if defaults else {}))
-            continue
-        flag = flag_name(f.name)
-        if isinstance(f.default, bool):
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs["type"] = type(f.default)
-        parser.add_argument(flag, **kwargs, **({"default": f.default} if defaults else {}))
-    parser.add_argument("--demo", action="store_true", help="build a tiny model and task and run GRPO on CPU")
-    parser.add_argument("--report", metavar="RUN_DIR", help="redraw plots and before_after.md of a run, then exit")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
-    return parser
-
-
-class UserError(Exception):
-    """Bad input: main prints the message as one line and exits with status 2."""
-
-
-# Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector), so a Ctrl-C
-# that lands there would be lost and the run would go on. main() latches every Ctrl-C; check_ctrl_c raises a
-# lost one again at the next batch. After a Ctrl-C, what it cut short (a parquet writer whose file is closed)
-# may fail in its own finalizer: that is noise under the one-line error, so it is kept quiet too.
-_ctrl_c = {"pressed": False}
-
-
-def on_ctrl_c(signum, frame):
-    _ctrl_c["pressed"] = True
-    raise KeyboardInterrupt
-
-
-def check_ctrl_c() -> None:
-    if _ctrl_c["pressed"]:
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def ctrl_c_latch():
-    """Latch Ctrl-C while the block runs; keep quiet about one Python dropped (it is raised again) and about
-    finalizers failing after one."""
-    _ctrl_c["pressed"] = False
-    previous = signal.signal(signal.SIGINT, on_ctrl_c), sys.unraisablehook
-    sys.unraisablehook = lambda u: None if _ctrl_c["pressed"] else previous[1](u)
-    try:
-        yield
-    finally:
-        if _ctrl_c["pressed"]:
-            gc.collect()        # run what the interrupt left behind while the quiet hook is still in place
-        signal.signal(signal.SIGINT, previous[0])
-        sys.unraisablehook = previous[1]
-        _ctrl_c["pressed"] = False
-
-
-def validate_config(cfg: Config) -> None:
-    """Raise UserError naming the first flag whose value cannot train as intended."""
-    def require(ok: bool, message: str) -> None:
-        if not ok:
-            raise UserError(message)
-
-    for f in dataclasses.fields(Config):     # nan and inf pass every comparison below, or fail it silently
-        if isinstance(f.default, float):
-            require(math.isfinite(getattr(cfg, f.name)), f"{flag_name(f.name)} must be a finite number")
-    require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
-    require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
-    require(cfg.temperature > 0, "--temperature must be positive for training (sampling and log-probs divide by it)")
-    for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
-                 "ppo_epochs", "logprob_chunk_size", "max_prompt_length", "learning_rate", "max_grad_norm"):
-        require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
-    for name in ("train_size", "eval_size", "max_steps", "save_every", "plot_every", "show_examples",
-                 "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
-        require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
-    require(cfg.generation_batch_size % cfg.group_size == 0,
-            "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
-    require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
-    require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps,
-            "--lr-decay needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps)")
-    require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1 "
-                                                                    "(the same as --clip-eps)")
-    require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1 "
-                                                      "(decoupled decay multiplies the weights by 1 - lr * wd)")
-    require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
-    require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Part 1: dataset
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,9 +146,6 @@ def validate_config(cfg: Config) -> None:
 PLAIN_PROMPT = "Question: {question}\nAnswer: Let's solve this step by step.\n"
 GSM8K_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "
                      "last line as '#### <number>'.")
-COUNTDOWN_INSTRUCTION = ("Using each of the given numbers at most once, with + - * / and parentheses, write an "
-                         "equation that equals the target. Think it through, then give only the equation inside "
-                         "<answer></answer>, for example <answer>(1 + 2) / 3</answer>.")
 
 
 def build_prompt(question: str, tokenizer=None, style: str = "plain", instruction: str = GSM8K_INSTRUCTION) -> str:
@@ -255,28 +156,6 @@ def build_prompt(question: str, tokenizer=None, style: str = "plain", instructio
         messages = [{"role": "system", "content": instruction}, {"role": "user", "content": question}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return PLAIN_PROMPT.format(question=question)
-
-
-def load_split(dataset: str, split: str):
-    """`datasets.load_dataset` with the template's layout, failing in one line when the data is not there."""
-    import datasets
-    local = Path(dataset)
-    looks_local = dataset.startswith((".", "/", "~")) or local.exists()
-    if looks_local and not local.is_dir():
-        raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there "
-                        f"(e.g. `git clone https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
-    try:
-        if looks_local:   # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
-            with tempfile.TemporaryDirectory() as cache:
-                rows = datasets.load_dataset(str(local), "main", split=split, cache_dir=cache, keep_in_memory=True)
-        else:
-            rows = datasets.load_dataset(dataset, "main", split=split)
-    except Exception as e:  # datasets raises many types for a bad slice, config or path
-        raise UserError(f"cannot load split {split!r} of {dataset}: {str(e).splitlines()[0] if str(e) else e!r}") from e
-    asked = re.fullmatch(r"\w+\[:(\d+)\]", split)
-    if asked and len(rows) < int(asked.group(1)):   # datasets clamps [:N] silently
-        raise UserError(f"split {split!r} of {dataset} has only {len(rows)} rows (lower --train-size / --eval-size)")
-    return rows
 
 
 class GSM8KDataset(Dataset):
@@ -325,33 +204,6 @@ class GSM8KDataset(Dataset):
         return parse_number(answer_str.rsplit("####", 1)[1])
 
 
-MAX_UNPARSED_GOLD_FRACTION = 0.01   # a few broken rows are dropped with a warning; more means the wrong data
-
-
-def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
-    """Questions and golds of `rows`, or UserError when they cannot train: missing columns, questions that are
-    not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
-    columns = set(rows.column_names) if hasattr(rows, "column_names") else set(rows[0]) if len(rows) else set()
-    for options in task.columns:
-        if len(rows) and not columns & set(options):
-            raise UserError(f"{where} has no {' or '.join(map(repr, options))} column (it has {sorted(columns)}); "
-                            f"is it data for --task {task.name}?")
-    questions = [task.question(row) for row in rows]
-    not_text = [i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()]
-    if not_text:
-        raise UserError(f"{where}: {len(not_text)} questions are not text (first at row {not_text[0]})")
-    golds = [task.gold(row) for row in rows]
-    unparsed = [i for i, g in enumerate(golds) if g is None]
-    if len(unparsed) > MAX_UNPARSED_GOLD_FRACTION * len(golds):
-        raise UserError(f"{where}: {len(unparsed)} of {len(golds)} gold answers give no number (first at row "
-                        f"{unparsed[0]}: {rows[unparsed[0]]!r:.80}); GSM8K answers end in '#### <number>'")
-    if unparsed:
-        print(f"warning: {where}: dropped {len(unparsed)} of {len(golds)} problems whose gold answer gives no "
-              f"number", file=sys.stderr)
-    keep = [i for i, g in enumerate(golds) if g is not None]
-    return [questions[i] for i in keep], [golds[i] for i in keep]
-
-
 def gsm8k_gold(row: dict) -> float | None:
     """GSM8K's '... #### 42' answer text; a dataset that stores the answer as a plain number works too."""
     answer = row["answer"]
@@ -368,18 +220,6 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
     return {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"],
             "prompts": [b["prompt"] for b in batch], "questions": [b["question"] for b in batch],
             "answers": [b["answer"] for b in batch]}
-
-
-def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path:
-    """Write rows in the hub layout of openai/gsm8k (config 'main', one parquet file per split)."""
-    import datasets
-    folder = Path(folder)
-    (folder / "main").mkdir(parents=True, exist_ok=True)
-    files = "".join(f"  - split: {s}\n    path: main/{s}-*\n" for s in splits)
-    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: main\n  data_files:\n{files}---\n")
-    for split, rows in splits.items():
-        datasets.Dataset.from_list(rows).to_parquet(str(folder / "main" / f"{split}-00000-of-00001.parquet"))
-    return folder
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -434,190 +274,11 @@ def compute_reward(completions, ground_truth_answers, *, task=None, format_rewar
                         dtype=torch.float32)
 
 
-# Countdown: "Using the numbers [..], create an equation that equals T"; the equation goes in <answer> tags.
-_ALLOWED_EQUATION = re.compile(r"^[\d\s+\-*/().]+$")
-_MAX_EQUATION_CHARS, _MAX_EQUATION_DEPTH, _MAX_MAGNITUDE = 200, 20, 1e12
-
-
-def _extract_answer(text):
-    """Content of the last <answer>...</answer> pair, stripped; None if there is none."""
-    if not text:
-        return None
-    end = text.rfind("</answer>")
-    start = text.rfind("<answer>", 0, end) if end >= 0 else -1
-    return text[start + len("<answer>"):end].strip() if start >= 0 else None
-
-
-def _validate_numbers(equation_str, available_numbers):
-    """True if the equation uses only available numbers, each at most once (as many times as it is available)."""
-    try:
-        used = [int(n) for n in re.findall(r"\d+", equation_str)]
-    except (TypeError, ValueError):
-        return False
-    pool = list(available_numbers)
-    for n in used:
-        if n not in pool:
-            return False
-        pool.remove(n)
-    return True
-
-
-def _evaluate_equation(equation_str):
-    """Value of an arithmetic expression of integers, + - * / and parentheses; None for anything else.
-
-    The text is parsed to an AST and walked over an allow-list of node types: nothing is ever evaluated as
-    Python, and length, nesting and magnitude are bounded so no input can hang or crash it.
-    """
-    if not isinstance(equation_str, str) or len(equation_str) > _MAX_EQUATION_CHARS:
-        return None
-    if not _ALLOWED_EQUATION.match(equation_str) or "**" in equation_str or "//" in equation_str:
-        return None
-    try:
-        tree = ast.parse(equation_str.strip(), mode="eval")
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
-    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b}
-
-    def walk(node, depth):
-        if depth > _MAX_EQUATION_DEPTH:
-            raise ValueError("too deep")
-        if isinstance(node, ast.Expression):
-            return walk(node.body, depth + 1)
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return float(node.value)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-            value = walk(node.operand, depth + 1)
-            return value if isinstance(node.op, ast.UAdd) else -value
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            value = ops[type(node.op)](walk(node.left, depth + 1), walk(node.right, depth + 1))
-            if not math.isfinite(value) or abs(value) > _MAX_MAGNITUDE:
-                raise ValueError("too large")
-            return value
-        raise ValueError(f"node {type(node).__name__} not allowed")
-
-    try:
-        return walk(tree, 0)
-    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
-        return None
-
-
-def reward_fn(generated_text, ground_truth):
-    """Countdown reward: 1.0 correct equation, 0.1 an answer tag that is wrong or invalid, 0.0 no answer tag."""
-    equation = _extract_answer(generated_text)
-    if equation is None:
-        return 0.0
-    if not _validate_numbers(equation, ground_truth["numbers"]):
-        return 0.1
-    value = _evaluate_equation(equation)
-    return 1.0 if value is not None and abs(value - ground_truth["target"]) < 1e-6 else 0.1
-
-
-def countdown_problems(n: int, seed: int) -> list[dict]:
-    """Countdown problems solvable by construction: the target is a random expression of the numbers."""
-    rng = random.Random(seed)
-    problems = []
-    while len(problems) < n:
-        nums = [rng.randint(1, 99) for _ in range(rng.choice([3, 4]))]
-        expr = str(nums[0])
-        for x in nums[1:]:
-            expr = f"({expr} {rng.choice('+-*')} {x})"
-        target = _evaluate_equation(expr)
-        if target is not None and 0 < target <= 1000:
-            problems.append({"nums": nums, "target": int(target)})
-    return problems
-
-
-NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
-ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]
-
-
-def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), steps: int = 1) -> list[dict]:
-    """Distinct word problems with GSM8K-style answers: one step (a + b) or two (a + b * c, a - b + c)."""
-    problems, seen = [], set(exclude)
-    while len(problems) < n:
-        if steps == 1:
-            a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(NAMES), rng.choice(ITEMS)
-            question = f"{name} has {a} {item} and gets {b} more. How many now?"
-            work = [f"{a} + {b} = {a + b}"]
-        elif rng.random() < 0.5:
-            a, b, c, name, item = rng.randint(2, 20), rng.randint(2, 5), rng.randint(2, 9), rng.choice(NAMES), \
-                rng.choice(ITEMS)
-            question = (f"{name} has {a} {item}. {name} buys {b} boxes with {c} {item} in each. How many {item} "
-                        f"does {name} have now?")
-            work = [f"{b} * {c} = {b * c}", f"{a} + {b * c} = {a + b * c}"]
-        else:
-            a, name, item = rng.randint(10, 40), rng.choice(NAMES), rng.choice(ITEMS)
-            b, c = rng.randint(1, a - 1), rng.randint(1, 20)
-            question = (f"{name} has {a} {item}, gives {b} to a friend, then finds {c} more. How many {item} does "
-                        f"{name} have now?")
-            work = [f"{a} - {b} = {a - b}", f"{a - b} + {c} = {a - b + c}"]
-        if question not in seen:
-            seen.add(question)
-            total = work[-1].rsplit(" ", 1)[1]
-            problems.append({"question": question, "answer": "\n".join(work) + f"\n#### {total}"})
-    return problems
-
-
-def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
-    """A fixed test set, and training problems that never repeat one of its questions (whatever the seed)."""
-    test = word_problems(200, random.Random(steps), steps=steps)
-    if split == "test":
-        return test[: size or None]
-    train = word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
-    return train[: size or None]
-
-
-def generated_or_loaded(make: Callable[[str, int], list[dict]]):
-    """A task's loader: a --dataset folder when given, else its generated problems ('train', 'test[:N]', ...)."""
-    def load(dataset: str, split: str):
-        if dataset:
-            return load_split(dataset, split)
-        match = re.fullmatch(r"(\w+)(?:\[:(\d+)\])?", split)
-        if not match:
-            raise UserError(f"generated problems take a split like 'train' or 'test[:100]', not {split!r}")
-        return make(match.group(1), int(match.group(2) or 0))
-    return load
-
-
-@dataclass(frozen=True)
-class Task:
-    """What differs between tasks: where problems come from, the prompt, the gold answer and the reward."""
-    name: str
-    instruction: str
-    load: Callable[[str, str], Any]
-    question: Callable[[dict], str]
-    gold: Callable[[dict], Any]
-    reward: Callable[[str, Any], float]
-    well_formed: Callable[[str], bool]
-    extract: Callable[[str], Any]          # the answer a completion gives, as the reward reads it
-    columns: tuple[tuple[str, ...], ...]   # the dataset needs one column of each tuple
-
-
-TASKS = {
-    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"], gsm8k_gold, gsm8k_reward,
-                  is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
-    "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
-                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000,
-                                                                                 seed=0 if split == "train" else 1)),
-                      lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
-                                  f"that equals {row['target']}.",
-                      lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},
-                      reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer,
-                      (("nums", "numbers"), ("target",))),
-}
-# Word problems a small model can learn on a CPU in minutes, answered and scored exactly like GSM8K
-for _name, _steps in (("arithmetic", 1), ("two-step", 2)):
-    TASKS[_name] = dataclasses.replace(
-        TASKS["gsm8k"], name=_name, load=generated_or_loaded(lambda split, size, steps=_steps:
-                                                             word_problem_split(split, size, steps)))
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Part 3: GRPO algorithm (pure tensor functions)
 # ---------------------------------------------------------------------------------------------------------------
 
-# ----- TODO 2: group-relative advantages -----
+
 def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, advantage_eps=1e-4):
     """Rewards laid out group after group -> advantages of the same layout; equal-reward groups get exactly 0."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
@@ -668,7 +329,6 @@ def kl_k3(logprobs, ref_logprobs):
     return torch.exp(logratio) - logratio - 1.0
 
 
-# ----- TODO 3: PPO clipped surrogate per token -----
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
                         loss_agg="seq-mean", num_tokens=None, return_stats=False):
     """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per token, reduced by `loss_agg`.
@@ -694,8 +354,9 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Part 4: training loop
+# Part 4: training loop: rollout, log-probs, update, train_grpo, evaluation
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a completion: the model's generation_config EOS list plus the tokenizer's EOS."""
@@ -797,45 +458,35 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
             "completion_lengths": completion_mask.sum(1)}
 
 
-class ChunkedTokenLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32.
-
-    Only one chunk's (rows x vocab) logits exist at any moment, forward or backward: backward recomputes them
-    and accumulates the LM-head gradient into a single buffer, instead of one full-size temporary per chunk.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size):
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)        # [tokens]
-        for s in range(0, hidden.shape[0], chunk_size):
-            logits = (hidden[s:s + chunk_size] @ weight.t()).float().div_(temperature)        # [chunk, vocab]
-            out[s:s + chunk_size] = logits.gather(-1, targets[s:s + chunk_size, None])[:, 0] - logits.logsumexp(-1)
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        hidden, weight, targets = ctx.saved_tensors
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
-        for s in range(0, hidden.shape[0], ctx.chunk_size):
-            h, rows = hidden[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
-            logits = (h @ weight.t()).float().div_(ctx.temperature)                           # [chunk, vocab]
-            # d logp[target] / d logits = onehot(target) - softmax(logits), times upstream grad / T; in place
-            grad_logits = logits.sub_(logits.logsumexp(-1, keepdim=True)).exp_().neg_()
-            grad_logits.scatter_add_(-1, targets[rows, None], torch.ones_like(grad_logits[:, :1]))
-            grad_logits = grad_logits.mul_(grad_out[rows, None] / ctx.temperature).to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(grad_logits.t(), h)
-        return grad_hidden, grad_weight, None, None, None
+@dataclass
+class Rollout:
+    """One step's samples, carried from generation through reward to the update."""
+    output_ids: torch.Tensor        # [rows, seq] prompt + completion
+    attention_mask: torch.Tensor    # [rows, seq] exactly what sampling attended to
+    loss_mask: torch.Tensor         # [rows, seq] completion tokens that enter the loss
+    prompt_length: int
+    completions: list[str]
+    rewards: torch.Tensor           # [rows]
+    advantages: torch.Tensor        # [rows]
+    truncated: torch.Tensor         # [rows] bool
+    completion_lengths: torch.Tensor  # [rows]
 
 
-def token_logprobs(hidden, targets, head_weight, temperature, chunk_size):
-    """[tokens] log-probs of `targets` under the LM head, never holding more than a chunk of logits."""
-    return ChunkedTokenLogprobs.apply(hidden, head_weight, targets, temperature, chunk_size)
+def collect_rollout(model, tokenizer, batch, cfg: Config, device, task: Task) -> Rollout:
+    sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                                  cfg.max_new_tokens, cfg.temperature, cfg.group_size,
+                                  batch_size=cfg.generation_batch_size)
+    golds = [a for a in batch["answers"] for _ in range(cfg.group_size)]
+    rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
+                             strict_answer=cfg.strict_answer)
+    advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
+                                         advantage_eps=cfg.advantage_eps)
+    loss_mask = sample["completion_mask"].bool()
+    if cfg.mask_truncated:
+        loss_mask &= ~sample["truncated"].unsqueeze(1)
+    return Rollout(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
+                   sample["completions"], rewards, advantages, sample["truncated"].cpu(),
+                   sample["completion_lengths"].cpu())
 
 
 def position_ids_from_mask(attention_mask):
@@ -847,66 +498,6 @@ def position_ids_from_mask(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def prompt_segments(input_ids, attention_mask, start: int):
-    """[rows] segment id: runs of consecutive rows with the same prompt (a group, or its part of a micro-batch).
-
-    A run is cut so that its packed sequence stays within four rows' length: attention grows with the square
-    of that length, so long completions share a prompt among fewer rows.
-    """
-    rows, seq = input_ids.shape
-    index = torch.arange(rows, device=input_ids.device)
-    new_run = torch.ones(rows, dtype=torch.bool, device=input_ids.device)                    # [rows]
-    new_run[1:] = ~((input_ids[1:, :start] == input_ids[:-1, :start]) &
-                    (attention_mask[1:, :start] == attention_mask[:-1, :start])).all(1)
-    place = index - torch.cummax(torch.where(new_run, index, 0), 0).values                   # [rows] in its run
-    per_segment = max(1, (4 * seq - start) // (seq - start))
-    return (new_run | (place % per_segment == 0)).long().cumsum(0) - 1
-
-
-def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
-    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once.
-
-    A segment is packed into one sequence [prompt, completion 1, ..., completion k]. A completion attends to
-    the prompt's keys and to its own earlier tokens only, at the positions it had in its own row, so every
-    state equals the unpacked one (up to float summation order), and gradients reach the weights through the
-    prompt's keys and values from all k completions. This is the prefix sharing of a KV cache done as one
-    forward pass, because gradient checkpointing drops a KV cache passed to a layer.
-    """
-    rows, seq = input_ids.shape
-    length, device = seq - start, input_ids.device
-    counts = torch.bincount(segment)                                         # [segments]
-    first = counts.cumsum(0) - counts                                        # [segments] first row of each
-    block = torch.arange(rows, device=device) - first[segment]               # [rows] place in its segment
-    width = start + int(counts.max()) * length
-    cols = start + block[:, None] * length + torch.arange(length, device=device)     # [rows, length]
-    where = (segment[:, None], cols)
-
-    def packed(values, fill):                                                 # [rows, seq] -> [segments, width]
-        out = torch.full((len(counts), width), fill, dtype=values.dtype, device=device)
-        out[:, :start] = values[first, :start]
-        out[where] = values[:, start:]
-        return out
-
-    ids = packed(input_ids, 0)
-    positions = packed(position_ids_from_mask(attention_mask), 0)
-    valid = packed(attention_mask.bool(), False)                             # [segments, width] real tokens
-    owner = packed(block[:, None].expand(rows, seq), -1)                     # -1: the prompt
-    owner[:, :start] = -1
-    q = torch.arange(width, device=device)
-    allowed = valid[:, None, :] & (q[None, :] <= q[:, None]) & \
-        ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))           # [segments, q, k]
-    allowed |= torch.eye(width, dtype=torch.bool, device=device)            # pad rows see themselves, not NaN
-    mask = allowed[:, None]                                                  # [segments, 1, q, k]
-    if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
-        mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask,
-                                                                                   torch.finfo(body.dtype).min)
-    hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
-    source = cols - 1
-    source[:, 0] = start - 1                                                 # the prompt's last state
-    return hidden[segment[:, None], source]                                  # [rows, length, hidden]
-
-
-# ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
                                 chunk_size=Config.logprob_chunk_size):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0.
@@ -947,130 +538,6 @@ class PolicyLogprobs(torch.nn.Module):
     def forward(self, input_ids, attention_mask, prompt_length, temperature, chunk_size):
         return compute_logprobs_from_model(self.policy, input_ids, attention_mask, temperature=temperature,
                                            prompt_length=prompt_length, chunk_size=chunk_size)
-
-
-class AdamWStochasticRounding(torch.optim.Optimizer):
-    """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding.
-
-    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 that is
-    nearly all of them. Rounding up or down with probability proportional to the distance keeps the expected
-    weight equal to the fp32 one. fp32 weights get ordinary AdamW.
-
-    The step works through each tensor in slices of SLICE elements, so its fp32 temporaries stay ~100 MB even
-    for Qwen2.5-1.5B's 233M-element embedding (whole, they would be ~5 GiB: the peak of a 24 GB card). The
-    rounding noise comes from a generator of its own, seeded alike on every process, so DDP replicas that
-    apply the same averaged gradient round it the same way and stay identical.
-    """
-    SLICE = 1 << 22
-
-    def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        self.seed, self.generators = seed, {}
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        if str(device) not in self.generators:
-            self.generators[str(device)] = torch.Generator(device).manual_seed(self.seed)
-        return self.generators[str(device)]
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                bias1, bias2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
-                # An FSDP shard (a DTensor) is updated through this process's part of it.
-                weight, grad, exp_avg, exp_avg_sq = (t.to_local().view(-1) if hasattr(t, "to_local") else t.view(-1)
-                                                     for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
-                for s in range(0, weight.numel(), self.SLICE):
-                    part = slice(s, s + self.SLICE)
-                    g = grad[part].float()
-                    exp_avg[part].lerp_(g, 1 - beta1)
-                    exp_avg_sq[part].mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                    denom = (exp_avg_sq[part] / bias2).sqrt_().add_(group["eps"])
-                    new = weight[part].float().mul_(1 - group["lr"] * group["weight_decay"])
-                    new.addcdiv_(exp_avg[part], denom, value=-group["lr"] / bias1)
-                    weight[part].copy_(stochastic_round_to_bf16(new, self.generator(new.device))
-                                       if weight.dtype == torch.bfloat16 else new)
-        return None
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """torch casts floating-point state to the parameter's dtype on load: the fp32 moments of bf16 weights
-        would come back as bf16 (rounded, and the next step fails). Put the saved ones back as they were."""
-        super().load_state_dict(state_dict)
-        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
-        params = [p for group in self.param_groups for p in group["params"]]
-        for i, p in zip(ids, params):
-            for key, value in state_dict["state"].get(i, {}).items():
-                if torch.is_tensor(value) and value.is_floating_point() and key != "step":
-                    self.state[p][key] = value.to(device=p.device, copy=True)
-
-    def rounding_state(self) -> dict:
-        return {device: g.get_state() for device, g in self.generators.items()}
-
-    def load_rounding_state(self, states: dict) -> None:
-        for device, state in states.items():
-            self.generator(torch.device(device)).set_state(state)
-
-
-def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """bf16 keeps the top 16 bits of an fp32: add uniform noise to the low 16, then truncate."""
-    bits = x.view(torch.int32)
-    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
-    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
-
-
-def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
-    """Factor on the learning rate of optimizer step `step` (from 0): linear warm-up over `warmup_steps`, then 1,
-    or with `decay_end` a straight line down that would reach 0 at step `decay_end` (its last step keeps a bit)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if decay_end:
-        return max(0.0, (decay_end - step) / (decay_end - warmup_steps))
-    return 1.0
-
-
-def build_optimizer(params, lr, seed=0):
-    """The optimizer main uses: AdamW that does not drop small updates on bf16 weights."""
-    return AdamWStochasticRounding(params, lr=lr, seed=seed)
-
-
-@dataclass
-class Rollout:
-    """One step's samples, carried from generation through reward to the update."""
-    output_ids: torch.Tensor        # [rows, seq] prompt + completion
-    attention_mask: torch.Tensor    # [rows, seq] exactly what sampling attended to
-    loss_mask: torch.Tensor         # [rows, seq] completion tokens that enter the loss
-    prompt_length: int
-    completions: list[str]
-    rewards: torch.Tensor           # [rows]
-    advantages: torch.Tensor        # [rows]
-    truncated: torch.Tensor         # [rows] bool
-    completion_lengths: torch.Tensor  # [rows]
-
-
-def collect_rollout(model, tokenizer, batch, cfg: Config, device, task: Task) -> Rollout:
-    sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                                  cfg.max_new_tokens, cfg.temperature, cfg.group_size,
-                                  batch_size=cfg.generation_batch_size)
-    golds = [a for a in batch["answers"] for _ in range(cfg.group_size)]
-    rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
-                             strict_answer=cfg.strict_answer)
-    advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
-                                         advantage_eps=cfg.advantage_eps)
-    loss_mask = sample["completion_mask"].bool()
-    if cfg.mask_truncated:
-        loss_mask &= ~sample["truncated"].unsqueeze(1)
-    return Rollout(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
-                   sample["completions"], rewards, advantages, sample["truncated"].cpu(),
-                   sample["completion_lengths"].cpu())
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
@@ -1198,81 +665,25 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     return stats
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """torch's OutOfMemoryError, or an allocation failure that a library reports as a plain RuntimeError."""
-    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and bool(
-        re.search(r"out of memory|ALLOC_FAILED|failed to allocate", str(error), re.IGNORECASE)))
+def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
+    """Factor on the learning rate of optimizer step `step` (from 0): linear warm-up over `warmup_steps`, then 1,
+    or with `decay_end` a straight line down that would reach 0 at step `decay_end` (its last step keeps a bit)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay_end:
+        return max(0.0, (decay_end - step) / (decay_end - warmup_steps))
+    return 1.0
 
 
-def optimizer_step(model, optimizer) -> None:
-    """optimizer.step(), where running out of memory is final: a smaller micro-batch changes nothing the step
-    holds, and a retried step would update the moments and weights it had already updated a second time."""
-    try:
-        optimizer.step()
-    except RuntimeError as e:
-        if not is_out_of_memory(e):
-            raise
-        params = [p for p in model.parameters() if p.requires_grad]
-        weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
-        grads = sum(p.numel() * p.element_size() for p in params) / 2**30
-        moments = sum(p.numel() * 8 for p in params) / 2**30
-        card = f" of the GPU's {torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30:.1f}" \
-            if torch.cuda.is_available() else ""
-        raise UserError(f"out of memory in the optimizer step: weights {weights:.1f} GiB + gradients {grads:.1f} GiB + "
-                        f"AdamW moments {moments:.1f} GiB (fp32) do not fit beside the rest{card} GiB. Smaller "
-                        f"batches do not help here; a smaller model, --dtype bfloat16 if the weights are float32, "
-                        f"no --kl-coef (its reference model), or several GPUs with torchrun --parallel fsdp would. "
-                        f"This step was not applied and no checkpoint was written after it") from None
-
-
-def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
-    """Run fn; on CUDA out-of-memory, free the cache, halve cfg.<knob> and retry; give up at 1 with a clear error."""
-    while True:
-        try:
-            return fn()
-        except RuntimeError as e:
-            if not is_out_of_memory(e):
-                raise
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            size = getattr(cfg, knob)
-            if world()[1] > 1:       # processes cannot each halve on their own without falling out of step
-                raise UserError(f"out of GPU memory under torchrun: lower {flag_name(knob)} (now {size})") \
-                    from None
-            floor = cfg.group_size if knob == "generation_batch_size" else 1
-            if size <= floor:
-                raise UserError(f"out of GPU memory even at {flag_name(knob)} {size}: lower --max-new-tokens,"
-                                f" --group-size or --batch-size") from None
-            setattr(cfg, knob, max(floor, (size // 2) // floor * floor))
-            print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}",
-                  file=sys.stderr)
-
-
-def step_record(step: int, epoch: int, rollout: Rollout, stats: dict, cfg: Config, lr: float,
-                gen_seconds: float, update_seconds: float) -> dict:
-    grouped = rollout.rewards.view(-1, cfg.group_size)
-    lengths = rollout.completion_lengths.float()
-    record = {"step": step, "epoch": epoch, "samples": len(rollout.rewards), "reward_mean": rollout.rewards.mean().item(),
-              "reward_std": rollout.rewards.std().item(),
-              "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
-              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped")},
-              "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
-              "truncated_frac": rollout.truncated.float().mean().item(), "lr": lr,
-              "gen_seconds": gen_seconds, "update_seconds": update_seconds,
-              "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9)}
-    if cfg.kl_coef > 0:
-        record["kl_ref"] = stats["kl_ref"]
-    if torch.cuda.is_available():
-        record["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        torch.cuda.reset_peak_memory_stats()
-    return record
+def build_optimizer(params, lr, seed=0):
+    """The optimizer main uses: AdamW that does not drop small updates on bf16 weights."""
+    return AdamWStochasticRounding(params, lr=lr, seed=seed)
 
 
 class TrainingInterrupted(Exception):
     """Ctrl-C arrived; the loop stopped after the step in flight."""
 
 
-# ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, task: Task | None = None, ref_model=None,
                scheduler=None, on_step: Callable[[dict], None] | None = None, start_step=0, start_epoch=0,
@@ -1358,8 +769,551 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The training record: metrics, checkpoints, plots, before/after answers
+# Part 5: main
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    with ctrl_c_latch():
+        return run_main(argv)
+
+
+def run_main(argv: list[str] | None) -> int:
+    try:
+        cfg, args = parse_config(argv)
+        init_distributed(cfg.device)
+        if args.report:
+            run_dir = Path(args.report)
+            if not (run_dir / "metrics.jsonl").is_file():
+                raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
+            try:
+                written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
+            except (KeyError, TypeError, ValueError) as e:
+                raise UserError(f"--report {run_dir}: the run record is damaged ({type(e).__name__}: {e})") from None
+            print("\n".join(str(p) for p in written))
+        elif args.demo:
+            run_demo(cfg)
+        else:
+            run_training(cfg, resume=bool(args.resume))
+        if world()[1] > 1:
+            dist.barrier()      # no process tears the group down while another still has work in flight
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:     # before a run began (parsing, joining torchrun): nothing was written
+        print("error: interrupted before the run began; nothing was written", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
+    """Load, evaluate, train, finish. Every phase leaves the folder in a state `--resume` continues from: each
+    file is written whole or not at all, a checkpoint precedes the final evaluation, and final/ is renamed into
+    place. So Ctrl-C or a failure anywhere ends in one line that says how to go on."""
+    phase = "loading"
+    try:
+        run = prepare_run(cfg, run_dir, resume)
+        for phase, do in (("the evaluation before training", evaluate_before), ("training", train_phase),
+                          ("the final evaluation and save", finish_run)):
+            do(run)
+        return run.summary
+    except (KeyboardInterrupt, OSError) as e:
+        cause = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e})"
+        if not (run_dir / "config.json").exists():
+            raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
+        raise UserError(f"{cause} during {phase}; resume with: python {Path(sys.argv[0]).name} --resume {run_dir}") \
+            from None
+
+
+def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
+    """Load model, data and optimizer (from the newest checkpoint when resuming), then record the run's config."""
+    import transformers
+    task = TASKS[cfg.task]
+    device = pick_device(cfg.device)
+    seed_everything(cfg.seed)
+    checkpoint = last_checkpoint(run_dir) if resume else None
+    state = load_trainer_state(checkpoint) if checkpoint else None
+
+    print("Loading tokenizer and model...")
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
+    ref_model = None
+    if cfg.kl_coef > 0:
+        ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
+        ref_model.requires_grad_(False)
+    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
+        enable_checkpointing(model)
+    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
+    scorer = wrap_for_processes(PolicyLogprobs(model), cfg, device)
+
+    print("Loading dataset...")
+    train_set = GSM8KDataset(split_name("train", cfg.train_size), tokenizer, cfg.max_prompt_length,
+                             dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
+    eval_set = GSM8KDataset(split_name("test", cfg.eval_size), tokenizer, cfg.max_prompt_length,
+                            dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
+    rank, world_size = world()
+    if len(eval_set) == 0:
+        raise UserError(f"no test problems left to evaluate on (all longer than --max-prompt-length "
+                        f"{cfg.max_prompt_length}, or none given)")
+    if len(train_set) < cfg.batch_size * world_size:
+        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
+                        f"{world_size} processes")
+    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer),
+                          rank=rank, world_size=world_size)
+
+    print("Setting up optimizer...")
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed)
+    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
+        step, cfg.lr_warmup_steps, cfg.max_steps if cfg.lr_decay else 0))
+    start = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+    summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
+    if state is not None:
+        if len(state["rng"]) != world_size:
+            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
+                            f"(now {world_size}), or the data and samples would not continue where they stopped")
+        load_optimizer_state(scorer, optimizer, state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"][rank], optimizer)
+        start = {k: state[k] for k in start}
+        planned = min(cfg.max_steps or math.inf, cfg.num_epochs * len(loader))
+        if summary.get("finished") and start["step"] >= planned:
+            raise UserError(f"{run_dir} finished after {start['step']} steps: pass a larger --max-steps or "
+                            f"--num-epochs to train it further")
+        print(f"Resuming from {checkpoint} (step {start['step']})")
+    elif resume:
+        print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
+              file=sys.stderr)
+    if is_main():
+        if resume:
+            write_jsonl(run_dir / "metrics.jsonl",
+                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
+        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
+                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                                          "transformers": transformers.__version__}})
+    t_start = time.perf_counter() - (summary.get("wall_seconds", 0.0) if state else 0.0)
+    return Run(cfg, run_dir, task, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader,
+               eval_set, start, summary, t_start, saved_step=start["step"] if state else None)
+
+
+def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not path:
+        raise UserError("MODEL_PATH is required (a model directory such as ./Qwen2.5-1.5B-Instruct), or use --demo")
+    local = Path(path)
+    if local.exists() or path.startswith((".", "/", "~")):
+        if not (local / "config.json").is_file():
+            raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
+        if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+            raise UserError(f"MODEL_PATH {path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    dtype = weight_dtype(dtype_name, device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
+        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# WHAT SUPPORTS THE RUN. The homework ends above. Below is what a real run needs around it, by concern, in the
+# order a run meets them: command line, run folder and resume, records and checkpoints, plots, devices and
+# torchrun, data and generated tasks, the demo. None of it changes the algorithm.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line and validation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a Config field: group_size -> --group-size."""
+    return "--" + field_name.replace("_", "-")
+
+
+def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
+    """The CLI, one flag per Config field; defaults=False leaves out every default (to see what was typed)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     argument_default=None if defaults else argparse.SUPPRESS)
+    for f in dataclasses.fields(Config):
+        kwargs = {k: v for k, v in f.metadata.items()}
+        if f.name == "model_path":
+            parser.add_argument("model_path", nargs="?", help=kwargs["help"],
+                                **({"default": f.default} if defaults else {}))
+            continue
+        flag = flag_name(f.name)
+        if isinstance(f.default, bool):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = type(f.default)
+        parser.add_argument(flag, **kwargs, **({"default": f.default} if defaults else {}))
+    parser.add_argument("--demo", action="store_true", help="build a tiny model and task and run GRPO on CPU")
+    parser.add_argument("--report", metavar="RUN_DIR", help="redraw plots and before_after.md of a run, then exit")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
+    return parser
+
+
+class UserError(Exception):
+    """Bad input: main prints the message as one line and exits with status 2."""
+
+
+def validate_config(cfg: Config) -> None:
+    """Raise UserError naming the first flag whose value cannot train as intended."""
+    def require(ok: bool, message: str) -> None:
+        if not ok:
+            raise UserError(message)
+
+    for f in dataclasses.fields(Config):     # nan and inf pass every comparison below, or fail it silently
+        if isinstance(f.default, float):
+            require(math.isfinite(getattr(cfg, f.name)), f"{flag_name(f.name)} must be a finite number")
+    require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
+    require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
+    require(cfg.temperature > 0, "--temperature must be positive for training (sampling and log-probs divide by it)")
+    for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
+                 "ppo_epochs", "logprob_chunk_size", "max_prompt_length", "learning_rate", "max_grad_norm"):
+        require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
+    for name in ("train_size", "eval_size", "max_steps", "save_every", "plot_every", "show_examples",
+                 "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
+        require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
+    require(cfg.generation_batch_size % cfg.group_size == 0,
+            "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
+    require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
+    require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps,
+            "--lr-decay needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps)")
+    require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1 "
+                                                                    "(the same as --clip-eps)")
+    require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1 "
+                                                      "(decoupled decay multiplies the weights by 1 - lr * wd)")
+    require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
+    require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
+
+
+# Flags a resumed run may change: how it runs, not what it learns. Any other change would make one run's
+# record describe two different trainings.
+RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "show_examples", "device",
+                     "generation_batch_size", "micro_batch_size", "eval_batch_size", "logprob_chunk_size",
+                     "gradient_checkpointing", "check_replicas"}
+
+
+def saved_config(run_dir: Path) -> Config:
+    """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
+    if not is_run_dir(run_dir):
+        raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
+    saved = read_json(run_dir / "config.json")["config"]
+    unknown = sorted(set(saved) - CONFIG_FIELDS)
+    if unknown:
+        raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
+    for f in dataclasses.fields(Config):
+        value = saved.get(f.name, f.default)
+        if not (type(value) is type(f.default) or (type(f.default) is float and type(value) is int)):
+            raise UserError(f"{run_dir / 'config.json'}: {f.name} = {value!r} is not a {type(f.default).__name__}")
+    return Config(**saved)
+
+
+def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+    """Config from the command line; with --demo or --resume, flags given explicitly override their base."""
+    args = build_arg_parser().parse_args(argv)
+    typed = vars(build_arg_parser(defaults=False).parse_args(argv))
+    explicit = {k: v for k, v in typed.items() if k in CONFIG_FIELDS}
+    for key in ("model_path", "dataset", "output_dir"):     # a shell leaves ~ alone after '=' or inside quotes
+        if isinstance(explicit.get(key), str) and explicit[key].startswith("~"):
+            explicit[key] = os.path.expanduser(explicit[key])
+    args.resume, args.report = (os.path.expanduser(p) if p else p for p in (args.resume, args.report))
+    modes = [name for name in ("demo", "resume", "report") if getattr(args, name)]
+    if len(modes) > 1:
+        raise UserError(f"--{modes[0]} and --{modes[1]} cannot be combined")
+    if args.report and explicit:
+        raise UserError(f"--report only redraws a run's plots: it takes no other flags (got "
+                        f"{', '.join(sorted(explicit))})")
+    if args.demo and "model_path" in explicit:
+        raise UserError("--demo builds its own model: leave out MODEL_PATH")
+    if args.resume:
+        base = saved_config(Path(args.resume))
+        if "output_dir" in explicit and Path(explicit["output_dir"]).resolve() != Path(args.resume).resolve():
+            raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
+        may_change = RESUME_MAY_CHANGE | {"output_dir"}
+        if base.lr_decay:                   # its learning rate was already decayed towards the old last step
+            may_change -= {"max_steps"}
+        changed = sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k))
+        if changed:
+            raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
+                            f"the run was trained with other values (start a new run instead)")
+        return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
+    base = demo_grpo_config(Config()) if args.demo else Config()
+    if explicit.get("task", base.task) != "gsm8k" and "dataset" not in explicit:
+        explicit["dataset"] = ""          # ./gsm8k would silently train another task on GSM8K's questions
+    return dataclasses.replace(base, **explicit), args
+
+
+# Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector), so a Ctrl-C
+# that lands there would be lost and the run would go on. main() latches every Ctrl-C; check_ctrl_c raises a
+# lost one again at the next batch. After a Ctrl-C, what it cut short (a parquet writer whose file is closed)
+# may fail in its own finalizer: that is noise under the one-line error, so it is kept quiet too.
+_ctrl_c = {"pressed": False}
+
+
+def on_ctrl_c(signum, frame):
+    _ctrl_c["pressed"] = True
+    raise KeyboardInterrupt
+
+
+def check_ctrl_c() -> None:
+    if _ctrl_c["pressed"]:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_latch():
+    """Latch Ctrl-C while the block runs; keep quiet about one Python dropped (it is raised again) and about
+    finalizers failing after one."""
+    _ctrl_c["pressed"] = False
+    previous = signal.signal(signal.SIGINT, on_ctrl_c), sys.unraisablehook
+    sys.unraisablehook = lambda u: None if _ctrl_c["pressed"] else previous[1](u)
+    try:
+        yield
+    finally:
+        if _ctrl_c["pressed"]:
+            gc.collect()        # run what the interrupt left behind while the quiet hook is still in place
+        signal.signal(signal.SIGINT, previous[0])
+        sys.unraisablehook = previous[1]
+        _ctrl_c["pressed"] = False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run folder: claimed before any work, written only by this run, resumable after any phase
+# ---------------------------------------------------------------------------------------------------------------
+
+RUN_LOCK = "run.lock"
+RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl",
+              "before_after.md", "plots", "checkpoints", "final", RUN_LOCK}
+
+
+def is_run_dir(path: Path) -> bool:
+    """A folder this script made for a run: its config.json is a run record, not (say) a model's config."""
+    try:
+        saved = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "argv" in saved
+
+
+def foreign_entries(run_dir: Path, own: set[str] = frozenset({RUN_LOCK})) -> list[str]:
+    """What in RUN_DIR this script would not have written (temp files of its own writes count as its own)."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p.name for p in run_dir.iterdir() if p.name not in own and p.name.removesuffix(".tmp") not in own)
+
+
+def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Callable[[Path], bool]) -> None:
+    """UserError unless RUN_DIR can take this run without touching anything the run did not make."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--output-dir {run_dir} is a file, not a folder")
+    model = Path(model_path).expanduser().resolve() if model_path else None
+    if model is not None and model.is_dir() and (run_dir.resolve() == model or model in run_dir.resolve().parents):
+        raise UserError(f"--output-dir {run_dir} is inside the model folder {model_path}: choose a folder outside it")
+    others = [] if resume else foreign_entries(run_dir)
+    if not others or clearable(run_dir):
+        return
+    if is_run_dir(run_dir):
+        raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
+    raise UserError(f"--output-dir {run_dir} already holds other files ({', '.join(others[:3])}"
+                    f"{', ...' if len(others) > 3 else ''}): choose a new or empty folder; a run never writes among "
+                    f"files it did not make")
+
+
+@contextlib.contextmanager
+def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
+                    clearable: Callable[[Path], bool] = lambda path: False):
+    """Hold RUN_DIR for this run alone, from before any work until the run ends.
+
+    The claim is an exclusive lock on RUN_DIR/run.lock, which the system drops when the process dies, so a
+    crash leaves nothing stale; a second run on the same folder is refused at once. A new run takes a folder
+    that is new or empty, or one `clearable` says it may empty (the demo's own earlier run). If this run never
+    wrote its config.json (bad input, or stopped while loading), what the claim made is removed again.
+    Under torchrun the main process claims and every process hears of a refusal.
+    """
+    import fcntl
+    error, lock, made = None, None, []
+    if is_main():
+        try:
+            check_output_dir(run_dir, model_path, resume, clearable)
+            missing = [run_dir, *(p for p in run_dir.parents if not p.exists())]
+            made = [p for p in reversed(missing) if not p.exists()]
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(lock)
+                lock, made = None, []
+                raise UserError(f"another run is using {run_dir} right now") from None
+            check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
+            if not resume:
+                for name in foreign_entries(run_dir):                    # only what `clearable` vouched for
+                    target = run_dir / name
+                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+        except OSError as e:
+            error = f"cannot use --output-dir {run_dir}: {e.strerror or e}"
+        except UserError as e:
+            error = str(e)
+    errors = [e for e in gather_objects(error) if e]
+    try:
+        if errors:
+            raise UserError(errors[0])
+        yield run_dir
+    finally:
+        if lock is not None:
+            started = (run_dir / "config.json").exists()
+            if not started:
+                (run_dir / RUN_LOCK).unlink(missing_ok=True)
+            os.close(lock)
+            for folder in reversed(made if not started else []):
+                with contextlib.suppress(OSError):       # not empty: something of the run's own stays
+                    folder.rmdir()
+
+
+@dataclass
+class Run:
+    """What the phases of one run share: the loaded pieces, where training stands, and the run's summary."""
+    cfg: Config
+    run_dir: Path
+    task: Task
+    device: torch.device
+    model: Any
+    tokenizer: Any
+    scorer: torch.nn.Module        # the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun
+    ref_model: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loader: "SeededLoader"
+    eval_set: GSM8KDataset
+    start: dict                    # step, epoch and batch_in_epoch training continues from
+    summary: dict
+    t_start: float
+    last_record: dict | None = None   # the last step trained in this process
+    saved_step: int | None = None     # the step of the newest checkpoint on disk
+
+
+def run_training(cfg: Config, resume: bool = False) -> dict:
+    """The whole job on the CLI's flags: claim the folder, then the phases (see run_phases)."""
+    validate_config(cfg)
+    run_dir = Path(cfg.output_dir)
+    with claimed_run_dir(run_dir, resume=resume, model_path=cfg.model_path):
+        return run_phases(cfg, run_dir, resume)
+
+
+def evaluate_before(run: Run) -> None:
+    """Greedy accuracy of the starting model (kept from an earlier attempt of this run when there is one)."""
+    if "accuracy_before" in run.summary and (run.run_dir / "eval_before.jsonl").exists():
+        before = run.summary["before"]
+    else:
+        print(f"Evaluating the starting model on {len(run.eval_set)} test problems...")
+        with full_weights(run.scorer):
+            before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, desc="eval before")
+        if is_main():
+            write_jsonl(run.run_dir / "eval_before.jsonl", records)
+    print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} test problems, "
+          f"format {before['format_rate']:.0%})")
+    run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
+                   "wall_seconds": time.perf_counter() - run.t_start, "finished": False}
+    if is_main():
+        write_json(run.run_dir / "summary.json", run.summary)
+
+
+def checkpoint_now(run: Run) -> None:
+    if run.last_record is not None and run.last_record["step"] != run.saved_step:
+        save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
+                        run.scorer)
+        run.saved_step = run.last_record["step"]
+
+
+def train_phase(run: Run) -> None:
+    """GRPO steps, logged as they finish. The first Ctrl-C stops after the step in flight and checkpoints it."""
+    cfg, run_dir = run.cfg, run.run_dir
+    print("Starting GRPO training...")
+    metrics_file = open(run_dir / "metrics.jsonl", "a") if is_main() else None
+
+    def on_step(record: dict) -> None:
+        run.last_record = record
+        if cfg.save_every and record["step"] % cfg.save_every == 0:
+            checkpoint_now(run)
+        if not is_main():
+            return
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        run.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - run.t_start)
+        write_json(run_dir / "summary.json", run.summary)
+        if cfg.plot_every and record["step"] % cfg.plot_every == 0:
+            write_plots(run_dir)
+
+    stop = {"asked": False}
+
+    def ask_stop(signum, frame):
+        if stop["asked"] and time.monotonic() - stop["asked"] > 2:   # torchrun repeats the first Ctrl-C at once
+            raise KeyboardInterrupt
+        if not stop["asked"]:
+            stop["asked"] = time.monotonic()
+            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
+
+    previous_handler = signal.signal(signal.SIGINT, ask_stop)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
+    try:
+        train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
+                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, task=run.task, ref_model=run.ref_model,
+                   scheduler=run.scheduler, on_step=on_step, start_step=run.start["step"],
+                   start_epoch=run.start["epoch"], skip_batches=run.start["batch_in_epoch"],
+                   stop_flag=lambda: bool(stop["asked"]), scorer=run.scorer)
+    except TrainingInterrupted:
+        checkpoint_now(run)
+        if is_main():
+            write_plots(run_dir)
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+        if metrics_file:
+            metrics_file.close()
+
+
+def finish_run(run: Run) -> None:
+    """Checkpoint, evaluate the trained policy, then write final/ (renamed into place) and the record."""
+    cfg, run_dir = run.cfg, run.run_dir
+    print("Training completed!")
+    checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
+    print(f"Evaluating the trained model on {len(run.eval_set)} test problems...")
+    with full_weights(run.scorer):
+        after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
+    before = run.summary["before"]
+    print(f"Accuracy before training: {before['accuracy']:.2%}")
+    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
+    if is_main():
+        print_examples(read_jsonl(run_dir / "eval_before.jsonl"), after_records, cfg.show_examples)
+        shutil.rmtree(run_dir / "final.tmp", ignore_errors=True)
+    save_model(run_dir / "final.tmp", run.model, run.tokenizer, run.scorer)
+    run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
+                       steps=run.last_record["step"] if run.last_record else run.start["step"],
+                       wall_seconds=time.perf_counter() - run.t_start)
+    if is_main():
+        shutil.rmtree(run_dir / "final", ignore_errors=True)
+        os.replace(run_dir / "final.tmp", run_dir / "final")
+        write_jsonl(run_dir / "eval_after.jsonl", after_records)
+        write_json(run_dir / "summary.json", run.summary)
+        write_plots(run_dir)
+        write_before_after(run_dir)
+    print(f"Run written to {run_dir}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Records and checkpoints: JSON and safetensors, each written whole or not at all
+# ---------------------------------------------------------------------------------------------------------------
+
 
 def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
     """write(tmp) then rename tmp over `path`: a reader never sees half a file, and only a regular file this
@@ -1405,6 +1359,36 @@ def read_jsonl(path: Path) -> list[dict]:
                 raise UserError(f"{path} line {i + 1} is not JSON: the run record is damaged") from None
             print(f"warning: {path}: ignoring a half-written last line", file=sys.stderr)
     return rows
+
+
+def step_record(step: int, epoch: int, rollout: Rollout, stats: dict, cfg: Config, lr: float,
+                gen_seconds: float, update_seconds: float) -> dict:
+    grouped = rollout.rewards.view(-1, cfg.group_size)
+    lengths = rollout.completion_lengths.float()
+    record = {"step": step, "epoch": epoch, "samples": len(rollout.rewards), "reward_mean": rollout.rewards.mean().item(),
+              "reward_std": rollout.rewards.std().item(),
+              "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
+              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped")},
+              "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
+              "truncated_frac": rollout.truncated.float().mean().item(), "lr": lr,
+              "gen_seconds": gen_seconds, "update_seconds": update_seconds,
+              "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9)}
+    if cfg.kl_coef > 0:
+        record["kl_ref"] = stats["kl_ref"]
+    if torch.cuda.is_available():
+        record["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    return record
+
+
+def print_examples(before: list[dict], after: list[dict], count: int) -> None:
+    for b, a in list(zip(before, after))[:count]:
+        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {_oneline(b)} | after: {_oneline(a)}")
+
+
+def _oneline(record: dict) -> str:
+    text = (record["completion"] or "").strip().replace("\n", " ")
+    return f"{text[-60:]!r} [{'right' if record['correct'] else 'wrong'}]"
 
 
 def save_model(path: Path, model, tokenizer, scorer=None) -> None:
@@ -1521,6 +1505,11 @@ def last_checkpoint(run_dir: Path) -> Path | None:
     return max(steps, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Plots and before/after answers
+# ---------------------------------------------------------------------------------------------------------------
+
+
 def smooth(values: list[float], window: int) -> list[float]:
     out, total = [], 0.0
     for i, v in enumerate(values):
@@ -1613,9 +1602,298 @@ def _mark(record: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Devices, precision and memory: bf16 with stochastic rounding, out-of-memory, the chunked log-prob path
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def pick_device(name: str) -> torch.device:
+    if world()[1] > 1 and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))          # torchrun: one GPU per process
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        print("warning: no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for "
+              "Qwen2.5-1.5B)", file=sys.stderr)
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise UserError(f"--device {name}: {e}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: this script trains on cpu or cuda only")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name} asked for, but no CUDA GPU is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: there are only {torch.cuda.device_count()} GPUs")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
+    return device
+
+
+def weight_dtype(name: str, device: torch.device) -> torch.dtype:
+    """--dtype auto: bf16 on GPUs that compute it natively (compute capability 8.0 on: A100, A10G, L4, RTX 30xx
+    and later); fp32 elsewhere, where bf16 is emulated slowly (T4, V100) or fails in cuBLAS (P40, M40)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type != "cuda":
+        return torch.float32
+    major, minor = torch.cuda.get_device_capability(device)
+    if major >= 8:
+        return torch.bfloat16
+    print(f"warning: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native bf16, "
+          f"so the weights are float32: weights and gradients take twice the memory (Qwen2.5-1.5B: 17.3 -> 23.0 GiB "
+          f"with the AdamW moments, more than a 24 GB card holds beside the activations)", file=sys.stderr)
+    return torch.float32
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing for the update (renamed from gradient_checkpointing_enable in transformers 5)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def seed_everything(seed: int) -> None:
+    """Under torchrun each process samples from its own stream (seed + rank); data order is seeded apart."""
+    random.seed(seed + world()[0])
+    torch.manual_seed(seed + world()[0])
+
+
+class AdamWStochasticRounding(torch.optim.Optimizer):
+    """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding.
+
+    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 that is
+    nearly all of them. Rounding up or down with probability proportional to the distance keeps the expected
+    weight equal to the fp32 one. fp32 weights get ordinary AdamW.
+
+    The step works through each tensor in slices of SLICE elements, so its fp32 temporaries stay ~100 MB even
+    for Qwen2.5-1.5B's 233M-element embedding (whole, they would be ~5 GiB: the peak of a 24 GB card). The
+    rounding noise comes from a generator of its own, seeded alike on every process, so DDP replicas that
+    apply the same averaged gradient round it the same way and stay identical.
+    """
+    SLICE = 1 << 22
+
+    def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.seed, self.generators = seed, {}
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        if str(device) not in self.generators:
+            self.generators[str(device)] = torch.Generator(device).manual_seed(self.seed)
+        return self.generators[str(device)]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                bias1, bias2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
+                # An FSDP shard (a DTensor) is updated through this process's part of it.
+                weight, grad, exp_avg, exp_avg_sq = (t.to_local().view(-1) if hasattr(t, "to_local") else t.view(-1)
+                                                     for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
+                for s in range(0, weight.numel(), self.SLICE):
+                    part = slice(s, s + self.SLICE)
+                    g = grad[part].float()
+                    exp_avg[part].lerp_(g, 1 - beta1)
+                    exp_avg_sq[part].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                    denom = (exp_avg_sq[part] / bias2).sqrt_().add_(group["eps"])
+                    new = weight[part].float().mul_(1 - group["lr"] * group["weight_decay"])
+                    new.addcdiv_(exp_avg[part], denom, value=-group["lr"] / bias1)
+                    weight[part].copy_(stochastic_round_to_bf16(new, self.generator(new.device))
+                                       if weight.dtype == torch.bfloat16 else new)
+        return None
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch casts floating-point state to the parameter's dtype on load: the fp32 moments of bf16 weights
+        would come back as bf16 (rounded, and the next step fails). Put the saved ones back as they were."""
+        super().load_state_dict(state_dict)
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        for i, p in zip(ids, params):
+            for key, value in state_dict["state"].get(i, {}).items():
+                if torch.is_tensor(value) and value.is_floating_point() and key != "step":
+                    self.state[p][key] = value.to(device=p.device, copy=True)
+
+    def rounding_state(self) -> dict:
+        return {device: g.get_state() for device, g in self.generators.items()}
+
+    def load_rounding_state(self, states: dict) -> None:
+        for device, state in states.items():
+            self.generator(torch.device(device)).set_state(state)
+
+
+def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """bf16 keeps the top 16 bits of an fp32: add uniform noise to the low 16, then truncate."""
+    bits = x.view(torch.int32)
+    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's OutOfMemoryError, or an allocation failure that a library reports as a plain RuntimeError."""
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError) and bool(
+        re.search(r"out of memory|ALLOC_FAILED|failed to allocate", str(error), re.IGNORECASE)))
+
+
+def optimizer_step(model, optimizer) -> None:
+    """optimizer.step(), where running out of memory is final: a smaller micro-batch changes nothing the step
+    holds, and a retried step would update the moments and weights it had already updated a second time."""
+    try:
+        optimizer.step()
+    except RuntimeError as e:
+        if not is_out_of_memory(e):
+            raise
+        params = [p for p in model.parameters() if p.requires_grad]
+        weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+        grads = sum(p.numel() * p.element_size() for p in params) / 2**30
+        moments = sum(p.numel() * 8 for p in params) / 2**30
+        card = f" of the GPU's {torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30:.1f}" \
+            if torch.cuda.is_available() else ""
+        raise UserError(f"out of memory in the optimizer step: weights {weights:.1f} GiB + gradients {grads:.1f} GiB + "
+                        f"AdamW moments {moments:.1f} GiB (fp32) do not fit beside the rest{card} GiB. Smaller "
+                        f"batches do not help here; a smaller model, --dtype bfloat16 if the weights are float32, "
+                        f"no --kl-coef (its reference model), or several GPUs with torchrun --parallel fsdp would. "
+                        f"This step was not applied and no checkpoint was written after it") from None
+
+
+def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
+    """Run fn; on CUDA out-of-memory, free the cache, halve cfg.<knob> and retry; give up at 1 with a clear error."""
+    while True:
+        try:
+            return fn()
+        except RuntimeError as e:
+            if not is_out_of_memory(e):
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            size = getattr(cfg, knob)
+            if world()[1] > 1:       # processes cannot each halve on their own without falling out of step
+                raise UserError(f"out of GPU memory under torchrun: lower {flag_name(knob)} (now {size})") \
+                    from None
+            floor = cfg.group_size if knob == "generation_batch_size" else 1
+            if size <= floor:
+                raise UserError(f"out of GPU memory even at {flag_name(knob)} {size}: lower --max-new-tokens,"
+                                f" --group-size or --batch-size") from None
+            setattr(cfg, knob, max(floor, (size // 2) // floor * floor))
+            print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}",
+                  file=sys.stderr)
+
+
+class ChunkedTokenLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32.
+
+    Only one chunk's (rows x vocab) logits exist at any moment, forward or backward: backward recomputes them
+    and accumulates the LM-head gradient into a single buffer, instead of one full-size temporary per chunk.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)        # [tokens]
+        for s in range(0, hidden.shape[0], chunk_size):
+            logits = (hidden[s:s + chunk_size] @ weight.t()).float().div_(temperature)        # [chunk, vocab]
+            out[s:s + chunk_size] = logits.gather(-1, targets[s:s + chunk_size, None])[:, 0] - logits.logsumexp(-1)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for s in range(0, hidden.shape[0], ctx.chunk_size):
+            h, rows = hidden[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
+            logits = (h @ weight.t()).float().div_(ctx.temperature)                           # [chunk, vocab]
+            # d logp[target] / d logits = onehot(target) - softmax(logits), times upstream grad / T; in place
+            grad_logits = logits.sub_(logits.logsumexp(-1, keepdim=True)).exp_().neg_()
+            grad_logits.scatter_add_(-1, targets[rows, None], torch.ones_like(grad_logits[:, :1]))
+            grad_logits = grad_logits.mul_(grad_out[rows, None] / ctx.temperature).to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), h)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def token_logprobs(hidden, targets, head_weight, temperature, chunk_size):
+    """[tokens] log-probs of `targets` under the LM head, never holding more than a chunk of logits."""
+    return ChunkedTokenLogprobs.apply(hidden, head_weight, targets, temperature, chunk_size)
+
+
+def prompt_segments(input_ids, attention_mask, start: int):
+    """[rows] segment id: runs of consecutive rows with the same prompt (a group, or its part of a micro-batch).
+
+    A run is cut so that its packed sequence stays within four rows' length: attention grows with the square
+    of that length, so long completions share a prompt among fewer rows.
+    """
+    rows, seq = input_ids.shape
+    index = torch.arange(rows, device=input_ids.device)
+    new_run = torch.ones(rows, dtype=torch.bool, device=input_ids.device)                    # [rows]
+    new_run[1:] = ~((input_ids[1:, :start] == input_ids[:-1, :start]) &
+                    (attention_mask[1:, :start] == attention_mask[:-1, :start])).all(1)
+    place = index - torch.cummax(torch.where(new_run, index, 0), 0).values                   # [rows] in its run
+    per_segment = max(1, (4 * seq - start) // (seq - start))
+    return (new_run | (place % per_segment == 0)).long().cumsum(0) - 1
+
+
+def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
+    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once.
+
+    A segment is packed into one sequence [prompt, completion 1, ..., completion k]. A completion attends to
+    the prompt's keys and to its own earlier tokens only, at the positions it had in its own row, so every
+    state equals the unpacked one (up to float summation order), and gradients reach the weights through the
+    prompt's keys and values from all k completions. This is the prefix sharing of a KV cache done as one
+    forward pass, because gradient checkpointing drops a KV cache passed to a layer.
+    """
+    rows, seq = input_ids.shape
+    length, device = seq - start, input_ids.device
+    counts = torch.bincount(segment)                                         # [segments]
+    first = counts.cumsum(0) - counts                                        # [segments] first row of each
+    block = torch.arange(rows, device=device) - first[segment]               # [rows] place in its segment
+    width = start + int(counts.max()) * length
+    cols = start + block[:, None] * length + torch.arange(length, device=device)     # [rows, length]
+    where = (segment[:, None], cols)
+
+    def packed(values, fill):                                                 # [rows, seq] -> [segments, width]
+        out = torch.full((len(counts), width), fill, dtype=values.dtype, device=device)
+        out[:, :start] = values[first, :start]
+        out[where] = values[:, start:]
+        return out
+
+    ids = packed(input_ids, 0)
+    positions = packed(position_ids_from_mask(attention_mask), 0)
+    valid = packed(attention_mask.bool(), False)                             # [segments, width] real tokens
+    owner = packed(block[:, None].expand(rows, seq), -1)                     # -1: the prompt
+    owner[:, :start] = -1
+    q = torch.arange(width, device=device)
+    allowed = valid[:, None, :] & (q[None, :] <= q[:, None]) & \
+        ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))           # [segments, q, k]
+    allowed |= torch.eye(width, dtype=torch.bool, device=device)            # pad rows see themselves, not NaN
+    mask = allowed[:, None]                                                  # [segments, 1, q, k]
+    if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
+        mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask,
+                                                                                   torch.finfo(body.dtype).min)
+    hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+    source = cols - 1
+    source[:, 0] = start - 1                                                 # the prompt's last state
+    return hidden[segment[:, None], source]                                  # [rows, length, hidden]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Several processes: `torchrun --nproc_per_node=N grpo_homework.py ...` runs one copy per device. Every helper
 # below is a no-op in a single process, so nothing changes without torchrun.
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def world() -> tuple[int, int]:
     """(this process's rank, number of processes)."""
@@ -1742,98 +2020,73 @@ def check_replicas(model, step: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Part 5: main
+# Data and generated tasks: loading hub-layout folders, word problems and Countdown
 # ---------------------------------------------------------------------------------------------------------------
 
-def pick_device(name: str) -> torch.device:
-    if world()[1] > 1 and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))          # torchrun: one GPU per process
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        print("warning: no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for "
-              "Qwen2.5-1.5B)", file=sys.stderr)
-        return torch.device("cpu")
+
+def load_split(dataset: str, split: str):
+    """`datasets.load_dataset` with the template's layout, failing in one line when the data is not there."""
+    import datasets
+    local = Path(dataset)
+    looks_local = dataset.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not local.is_dir():
+        raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there "
+                        f"(e.g. `git clone https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
     try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise UserError(f"--device {name}: {e}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UserError(f"--device {name}: this script trains on cpu or cuda only")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name} asked for, but no CUDA GPU is available")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"--device {name}: there are only {torch.cuda.device_count()} GPUs")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
-    return device
+        if looks_local:   # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
+            with tempfile.TemporaryDirectory() as cache:
+                rows = datasets.load_dataset(str(local), "main", split=split, cache_dir=cache, keep_in_memory=True)
+        else:
+            rows = datasets.load_dataset(dataset, "main", split=split)
+    except Exception as e:  # datasets raises many types for a bad slice, config or path
+        raise UserError(f"cannot load split {split!r} of {dataset}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+    asked = re.fullmatch(r"\w+\[:(\d+)\]", split)
+    if asked and len(rows) < int(asked.group(1)):   # datasets clamps [:N] silently
+        raise UserError(f"split {split!r} of {dataset} has only {len(rows)} rows (lower --train-size / --eval-size)")
+    return rows
 
 
-def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if not path:
-        raise UserError("MODEL_PATH is required (a model directory such as ./Qwen2.5-1.5B-Instruct), or use --demo")
-    local = Path(path)
-    if local.exists() or path.startswith((".", "/", "~")):
-        if not (local / "config.json").is_file():
-            raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
-        if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-            raise UserError(f"MODEL_PATH {path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
-    dtype = weight_dtype(dtype_name, device)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
-        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-            from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+MAX_UNPARSED_GOLD_FRACTION = 0.01   # a few broken rows are dropped with a warning; more means the wrong data
 
 
-def weight_dtype(name: str, device: torch.device) -> torch.dtype:
-    """--dtype auto: bf16 on GPUs that compute it natively (compute capability 8.0 on: A100, A10G, L4, RTX 30xx
-    and later); fp32 elsewhere, where bf16 is emulated slowly (T4, V100) or fails in cuBLAS (P40, M40)."""
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type != "cuda":
-        return torch.float32
-    major, minor = torch.cuda.get_device_capability(device)
-    if major >= 8:
-        return torch.bfloat16
-    print(f"warning: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native bf16, "
-          f"so the weights are float32: weights and gradients take twice the memory (Qwen2.5-1.5B: 17.3 -> 23.0 GiB "
-          f"with the AdamW moments, more than a 24 GB card holds beside the activations)", file=sys.stderr)
-    return torch.float32
+def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
+    """Questions and golds of `rows`, or UserError when they cannot train: missing columns, questions that are
+    not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
+    columns = set(rows.column_names) if hasattr(rows, "column_names") else set(rows[0]) if len(rows) else set()
+    for options in task.columns:
+        if len(rows) and not columns & set(options):
+            raise UserError(f"{where} has no {' or '.join(map(repr, options))} column (it has {sorted(columns)}); "
+                            f"is it data for --task {task.name}?")
+    questions = [task.question(row) for row in rows]
+    not_text = [i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()]
+    if not_text:
+        raise UserError(f"{where}: {len(not_text)} questions are not text (first at row {not_text[0]})")
+    golds = [task.gold(row) for row in rows]
+    unparsed = [i for i, g in enumerate(golds) if g is None]
+    if len(unparsed) > MAX_UNPARSED_GOLD_FRACTION * len(golds):
+        raise UserError(f"{where}: {len(unparsed)} of {len(golds)} gold answers give no number (first at row "
+                        f"{unparsed[0]}: {rows[unparsed[0]]!r:.80}); GSM8K answers end in '#### <number>'")
+    if unparsed:
+        print(f"warning: {where}: dropped {len(unparsed)} of {len(golds)} problems whose gold answer gives no "
+              f"number", file=sys.stderr)
+    keep = [i for i, g in enumerate(golds) if g is not None]
+    return [questions[i] for i in keep], [golds[i] for i in keep]
 
 
-def enable_checkpointing(model) -> None:
-    """Activation checkpointing for the update (renamed from gradient_checkpointing_enable in transformers 5)."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path:
+    """Write rows in the hub layout of openai/gsm8k (config 'main', one parquet file per split)."""
+    import datasets
+    folder = Path(folder)
+    (folder / "main").mkdir(parents=True, exist_ok=True)
+    files = "".join(f"  - split: {s}\n    path: main/{s}-*\n" for s in splits)
+    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: main\n  data_files:\n{files}---\n")
+    for split, rows in splits.items():
+        datasets.Dataset.from_list(rows).to_parquet(str(folder / "main" / f"{split}-00000-of-00001.parquet"))
+    return folder
 
 
 def split_name(name: str, size: int) -> str:
     return f"{name}[:{size}]" if size else name
-
-
-def seed_everything(seed: int) -> None:
-    """Under torchrun each process samples from its own stream (seed + rank); data order is seeded apart."""
-    random.seed(seed + world()[0])
-    torch.manual_seed(seed + world()[0])
-
-
-def print_examples(before: list[dict], after: list[dict], count: int) -> None:
-    for b, a in list(zip(before, after))[:count]:
-        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {_oneline(b)} | after: {_oneline(a)}")
-
-
-def _oneline(record: dict) -> str:
-    text = (record["completion"] or "").strip().replace("\n", " ")
-    return f"{text[-60:]!r} [{'right' if record['correct'] else 'wrong'}]"
 
 
 class SeededLoader:
@@ -1860,326 +2113,200 @@ class SeededLoader:
             yield self.collate_fn([self.dataset[int(i)] for i in order[start:start + self.batch_size]])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The run folder: claimed before any work, written only by this run, resumable after any phase
-# ---------------------------------------------------------------------------------------------------------------
+COUNTDOWN_INSTRUCTION = ("Using each of the given numbers at most once, with + - * / and parentheses, write an "
+                         "equation that equals the target. Think it through, then give only the equation inside "
+                         "<answer></answer>, for example <answer>(1 + 2) / 3</answer>.")
 
-RUN_LOCK = "run.lock"
-RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl",
-              "before_after.md", "plots", "checkpoints", "final", RUN_LOCK}
+# Countdown: "Using the numbers [..], create an equation that equals T"; the equation goes in <answer> tags.
+_ALLOWED_EQUATION = re.compile(r"^[\d\s+\-*/().]+$")
+_MAX_EQUATION_CHARS, _MAX_EQUATION_DEPTH, _MAX_MAGNITUDE = 200, 20, 1e12
 
 
-def is_run_dir(path: Path) -> bool:
-    """A folder this script made for a run: its config.json is a run record, not (say) a model's config."""
+def _extract_answer(text):
+    """Content of the last <answer>...</answer> pair, stripped; None if there is none."""
+    if not text:
+        return None
+    end = text.rfind("</answer>")
+    start = text.rfind("<answer>", 0, end) if end >= 0 else -1
+    return text[start + len("<answer>"):end].strip() if start >= 0 else None
+
+
+def _validate_numbers(equation_str, available_numbers):
+    """True if the equation uses only available numbers, each at most once (as many times as it is available)."""
     try:
-        saved = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
+        used = [int(n) for n in re.findall(r"\d+", equation_str)]
+    except (TypeError, ValueError):
         return False
-    return isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "argv" in saved
+    pool = list(available_numbers)
+    for n in used:
+        if n not in pool:
+            return False
+        pool.remove(n)
+    return True
 
 
-def foreign_entries(run_dir: Path, own: set[str] = frozenset({RUN_LOCK})) -> list[str]:
-    """What in RUN_DIR this script would not have written (temp files of its own writes count as its own)."""
-    if not run_dir.is_dir():
-        return []
-    return sorted(p.name for p in run_dir.iterdir() if p.name not in own and p.name.removesuffix(".tmp") not in own)
+def _evaluate_equation(equation_str):
+    """Value of an arithmetic expression of integers, + - * / and parentheses; None for anything else.
 
-
-def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Callable[[Path], bool]) -> None:
-    """UserError unless RUN_DIR can take this run without touching anything the run did not make."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--output-dir {run_dir} is a file, not a folder")
-    model = Path(model_path).expanduser().resolve() if model_path else None
-    if model is not None and model.is_dir() and (run_dir.resolve() == model or model in run_dir.resolve().parents):
-        raise UserError(f"--output-dir {run_dir} is inside the model folder {model_path}: choose a folder outside it")
-    others = [] if resume else foreign_entries(run_dir)
-    if not others or clearable(run_dir):
-        return
-    if is_run_dir(run_dir):
-        raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
-    raise UserError(f"--output-dir {run_dir} already holds other files ({', '.join(others[:3])}"
-                    f"{', ...' if len(others) > 3 else ''}): choose a new or empty folder; a run never writes among "
-                    f"files it did not make")
-
-
-@contextlib.contextmanager
-def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
-                    clearable: Callable[[Path], bool] = lambda path: False):
-    """Hold RUN_DIR for this run alone, from before any work until the run ends.
-
-    The claim is an exclusive lock on RUN_DIR/run.lock, which the system drops when the process dies, so a
-    crash leaves nothing stale; a second run on the same folder is refused at once. A new run takes a folder
-    that is new or empty, or one `clearable` says it may empty (the demo's own earlier run). If this run never
-    wrote its config.json (bad input, or stopped while loading), what the claim made is removed again.
-    Under torchrun the main process claims and every process hears of a refusal.
+    The text is parsed to an AST and walked over an allow-list of node types: nothing is ever evaluated as
+    Python, and length, nesting and magnitude are bounded so no input can hang or crash it.
     """
-    import fcntl
-    error, lock, made = None, None, []
-    if is_main():
-        try:
-            check_output_dir(run_dir, model_path, resume, clearable)
-            missing = [run_dir, *(p for p in run_dir.parents if not p.exists())]
-            made = [p for p in reversed(missing) if not p.exists()]
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(lock)
-                lock, made = None, []
-                raise UserError(f"another run is using {run_dir} right now") from None
-            check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
-            if not resume:
-                for name in foreign_entries(run_dir):                    # only what `clearable` vouched for
-                    target = run_dir / name
-                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
-        except OSError as e:
-            error = f"cannot use --output-dir {run_dir}: {e.strerror or e}"
-        except UserError as e:
-            error = str(e)
-    errors = [e for e in gather_objects(error) if e]
+    if not isinstance(equation_str, str) or len(equation_str) > _MAX_EQUATION_CHARS:
+        return None
+    if not _ALLOWED_EQUATION.match(equation_str) or "**" in equation_str or "//" in equation_str:
+        return None
     try:
-        if errors:
-            raise UserError(errors[0])
-        yield run_dir
-    finally:
-        if lock is not None:
-            started = (run_dir / "config.json").exists()
-            if not started:
-                (run_dir / RUN_LOCK).unlink(missing_ok=True)
-            os.close(lock)
-            for folder in reversed(made if not started else []):
-                with contextlib.suppress(OSError):       # not empty: something of the run's own stays
-                    folder.rmdir()
+        tree = ast.parse(equation_str.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b}
 
+    def walk(node, depth):
+        if depth > _MAX_EQUATION_DEPTH:
+            raise ValueError("too deep")
+        if isinstance(node, ast.Expression):
+            return walk(node.body, depth + 1)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+            value = walk(node.operand, depth + 1)
+            return value if isinstance(node.op, ast.UAdd) else -value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            value = ops[type(node.op)](walk(node.left, depth + 1), walk(node.right, depth + 1))
+            if not math.isfinite(value) or abs(value) > _MAX_MAGNITUDE:
+                raise ValueError("too large")
+            return value
+        raise ValueError(f"node {type(node).__name__} not allowed")
 
-@dataclass
-class Run:
-    """What the phases of one run share: the loaded pieces, where training stands, and the run's summary."""
-    cfg: Config
-    run_dir: Path
-    task: Task
-    device: torch.device
-    model: Any
-    tokenizer: Any
-    scorer: torch.nn.Module        # the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun
-    ref_model: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    loader: "SeededLoader"
-    eval_set: GSM8KDataset
-    start: dict                    # step, epoch and batch_in_epoch training continues from
-    summary: dict
-    t_start: float
-    last_record: dict | None = None   # the last step trained in this process
-    saved_step: int | None = None     # the step of the newest checkpoint on disk
-
-
-def run_training(cfg: Config, resume: bool = False) -> dict:
-    """The whole job on the CLI's flags: claim the folder, then the phases (see run_phases)."""
-    validate_config(cfg)
-    run_dir = Path(cfg.output_dir)
-    with claimed_run_dir(run_dir, resume=resume, model_path=cfg.model_path):
-        return run_phases(cfg, run_dir, resume)
-
-
-def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
-    """Load, evaluate, train, finish. Every phase leaves the folder in a state `--resume` continues from: each
-    file is written whole or not at all, a checkpoint precedes the final evaluation, and final/ is renamed into
-    place. So Ctrl-C or a failure anywhere ends in one line that says how to go on."""
-    phase = "loading"
     try:
-        run = prepare_run(cfg, run_dir, resume)
-        for phase, do in (("the evaluation before training", evaluate_before), ("training", train_phase),
-                          ("the final evaluation and save", finish_run)):
-            do(run)
-        return run.summary
-    except (KeyboardInterrupt, OSError) as e:
-        cause = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e})"
-        if not (run_dir / "config.json").exists():
-            raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
-        raise UserError(f"{cause} during {phase}; resume with: python {Path(sys.argv[0]).name} --resume {run_dir}") \
-            from None
+        return walk(tree, 0)
+    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
 
 
-def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
-    """Load model, data and optimizer (from the newest checkpoint when resuming), then record the run's config."""
-    import transformers
-    task = TASKS[cfg.task]
-    device = pick_device(cfg.device)
-    seed_everything(cfg.seed)
-    checkpoint = last_checkpoint(run_dir) if resume else None
-    state = load_trainer_state(checkpoint) if checkpoint else None
-
-    print("Loading tokenizer and model...")
-    model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
-    ref_model = None
-    if cfg.kl_coef > 0:
-        ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
-        ref_model.requires_grad_(False)
-    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
-        enable_checkpointing(model)
-    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
-    scorer = wrap_for_processes(PolicyLogprobs(model), cfg, device)
-
-    print("Loading dataset...")
-    train_set = GSM8KDataset(split_name("train", cfg.train_size), tokenizer, cfg.max_prompt_length,
-                             dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-    eval_set = GSM8KDataset(split_name("test", cfg.eval_size), tokenizer, cfg.max_prompt_length,
-                            dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-    rank, world_size = world()
-    if len(eval_set) == 0:
-        raise UserError(f"no test problems left to evaluate on (all longer than --max-prompt-length "
-                        f"{cfg.max_prompt_length}, or none given)")
-    if len(train_set) < cfg.batch_size * world_size:
-        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
-                        f"{world_size} processes")
-    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer),
-                          rank=rank, world_size=world_size)
-
-    print("Setting up optimizer...")
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed)
-    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
-        step, cfg.lr_warmup_steps, cfg.max_steps if cfg.lr_decay else 0))
-    start = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
-    summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
-    if state is not None:
-        if len(state["rng"]) != world_size:
-            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
-                            f"(now {world_size}), or the data and samples would not continue where they stopped")
-        load_optimizer_state(scorer, optimizer, state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"][rank], optimizer)
-        start = {k: state[k] for k in start}
-        planned = min(cfg.max_steps or math.inf, cfg.num_epochs * len(loader))
-        if summary.get("finished") and start["step"] >= planned:
-            raise UserError(f"{run_dir} finished after {start['step']} steps: pass a larger --max-steps or "
-                            f"--num-epochs to train it further")
-        print(f"Resuming from {checkpoint} (step {start['step']})")
-    elif resume:
-        print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
-              file=sys.stderr)
-    if is_main():
-        if resume:
-            write_jsonl(run_dir / "metrics.jsonl",
-                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
-        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
-                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                                                          "transformers": transformers.__version__}})
-    t_start = time.perf_counter() - (summary.get("wall_seconds", 0.0) if state else 0.0)
-    return Run(cfg, run_dir, task, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader,
-               eval_set, start, summary, t_start, saved_step=start["step"] if state else None)
+def reward_fn(generated_text, ground_truth):
+    """Countdown reward: 1.0 correct equation, 0.1 an answer tag that is wrong or invalid, 0.0 no answer tag."""
+    equation = _extract_answer(generated_text)
+    if equation is None:
+        return 0.0
+    if not _validate_numbers(equation, ground_truth["numbers"]):
+        return 0.1
+    value = _evaluate_equation(equation)
+    return 1.0 if value is not None and abs(value - ground_truth["target"]) < 1e-6 else 0.1
 
 
-def evaluate_before(run: Run) -> None:
-    """Greedy accuracy of the starting model (kept from an earlier attempt of this run when there is one)."""
-    if "accuracy_before" in run.summary and (run.run_dir / "eval_before.jsonl").exists():
-        before = run.summary["before"]
-    else:
-        print(f"Evaluating the starting model on {len(run.eval_set)} test problems...")
-        with full_weights(run.scorer):
-            before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, desc="eval before")
-        if is_main():
-            write_jsonl(run.run_dir / "eval_before.jsonl", records)
-    print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} test problems, "
-          f"format {before['format_rate']:.0%})")
-    run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
-                   "wall_seconds": time.perf_counter() - run.t_start, "finished": False}
-    if is_main():
-        write_json(run.run_dir / "summary.json", run.summary)
+def countdown_problems(n: int, seed: int) -> list[dict]:
+    """Countdown problems solvable by construction: the target is a random expression of the numbers."""
+    rng = random.Random(seed)
+    problems = []
+    while len(problems) < n:
+        nums = [rng.randint(1, 99) for _ in range(rng.choice([3, 4]))]
+        expr = str(nums[0])
+        for x in nums[1:]:
+            expr = f"({expr} {rng.choice('+-*')} {x})"
+        target = _evaluate_equation(expr)
+        if target is not None and 0 < target <= 1000:
+            problems.append({"nums": nums, "target": int(target)})
+    return problems
+
+NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
+ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]
 
 
-def checkpoint_now(run: Run) -> None:
-    if run.last_record is not None and run.last_record["step"] != run.saved_step:
-        save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
-                        run.scorer)
-        run.saved_step = run.last_record["step"]
+def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), steps: int = 1) -> list[dict]:
+    """Distinct word problems with GSM8K-style answers: one step (a + b) or two (a + b * c, a - b + c)."""
+    problems, seen = [], set(exclude)
+    while len(problems) < n:
+        if steps == 1:
+            a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(NAMES), rng.choice(ITEMS)
+            question = f"{name} has {a} {item} and gets {b} more. How many now?"
+            work = [f"{a} + {b} = {a + b}"]
+        elif rng.random() < 0.5:
+            a, b, c, name, item = rng.randint(2, 20), rng.randint(2, 5), rng.randint(2, 9), rng.choice(NAMES), \
+                rng.choice(ITEMS)
+            question = (f"{name} has {a} {item}. {name} buys {b} boxes with {c} {item} in each. How many {item} "
+                        f"does {name} have now?")
+            work = [f"{b} * {c} = {b * c}", f"{a} + {b * c} = {a + b * c}"]
+        else:
+            a, name, item = rng.randint(10, 40), rng.choice(NAMES), rng.choice(ITEMS)
+            b, c = rng.randint(1, a - 1), rng.randint(1, 20)
+            question = (f"{name} has {a} {item}, gives {b} to a friend, then finds {c} more. How many {item} does "
+                        f"{name} have now?")
+            work = [f"{a} - {b} = {a - b}", f"{a - b} + {c} = {a - b + c}"]
+        if question not in seen:
+            seen.add(question)
+            total = work[-1].rsplit(" ", 1)[1]
+            problems.append({"question": question, "answer": "\n".join(work) + f"\n#### {total}"})
+    return problems
 
 
-def train_phase(run: Run) -> None:
-    """GRPO steps, logged as they finish. The first Ctrl-C stops after the step in flight and checkpoints it."""
-    cfg, run_dir = run.cfg, run.run_dir
-    print("Starting GRPO training...")
-    metrics_file = open(run_dir / "metrics.jsonl", "a") if is_main() else None
-
-    def on_step(record: dict) -> None:
-        run.last_record = record
-        if cfg.save_every and record["step"] % cfg.save_every == 0:
-            checkpoint_now(run)
-        if not is_main():
-            return
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
-        run.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - run.t_start)
-        write_json(run_dir / "summary.json", run.summary)
-        if cfg.plot_every and record["step"] % cfg.plot_every == 0:
-            write_plots(run_dir)
-
-    stop = {"asked": False}
-
-    def ask_stop(signum, frame):
-        if stop["asked"] and time.monotonic() - stop["asked"] > 2:   # torchrun repeats the first Ctrl-C at once
-            raise KeyboardInterrupt
-        if not stop["asked"]:
-            stop["asked"] = time.monotonic()
-            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
-
-    previous_handler = signal.signal(signal.SIGINT, ask_stop)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
-    try:
-        train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
-                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, task=run.task, ref_model=run.ref_model,
-                   scheduler=run.scheduler, on_step=on_step, start_step=run.start["step"],
-                   start_epoch=run.start["epoch"], skip_batches=run.start["batch_in_epoch"],
-                   stop_flag=lambda: bool(stop["asked"]), scorer=run.scorer)
-    except TrainingInterrupted:
-        checkpoint_now(run)
-        if is_main():
-            write_plots(run_dir)
-        raise KeyboardInterrupt from None
-    finally:
-        signal.signal(signal.SIGINT, previous_handler)
-        if metrics_file:
-            metrics_file.close()
+def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
+    """A fixed test set, and training problems that never repeat one of its questions (whatever the seed)."""
+    test = word_problems(200, random.Random(steps), steps=steps)
+    if split == "test":
+        return test[: size or None]
+    train = word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
+    return train[: size or None]
 
 
-def finish_run(run: Run) -> None:
-    """Checkpoint, evaluate the trained policy, then write final/ (renamed into place) and the record."""
-    cfg, run_dir = run.cfg, run.run_dir
-    print("Training completed!")
-    checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
-    print(f"Evaluating the trained model on {len(run.eval_set)} test problems...")
-    with full_weights(run.scorer):
-        after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
-    before = run.summary["before"]
-    print(f"Accuracy before training: {before['accuracy']:.2%}")
-    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
-    if is_main():
-        print_examples(read_jsonl(run_dir / "eval_before.jsonl"), after_records, cfg.show_examples)
-        shutil.rmtree(run_dir / "final.tmp", ignore_errors=True)
-    save_model(run_dir / "final.tmp", run.model, run.tokenizer, run.scorer)
-    run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
-                       steps=run.last_record["step"] if run.last_record else run.start["step"],
-                       wall_seconds=time.perf_counter() - run.t_start)
-    if is_main():
-        shutil.rmtree(run_dir / "final", ignore_errors=True)
-        os.replace(run_dir / "final.tmp", run_dir / "final")
-        write_jsonl(run_dir / "eval_after.jsonl", after_records)
-        write_json(run_dir / "summary.json", run.summary)
-        write_plots(run_dir)
-        write_before_after(run_dir)
-    print(f"Run written to {run_dir}")
+def generated_or_loaded(make: Callable[[str, int], list[dict]]):
+    """A task's loader: a --dataset folder when given, else its generated problems ('train', 'test[:N]', ...)."""
+    def load(dataset: str, split: str):
+        if dataset:
+            return load_split(dataset, split)
+        match = re.fullmatch(r"(\w+)(?:\[:(\d+)\])?", split)
+        if not match:
+            raise UserError(f"generated problems take a split like 'train' or 'test[:100]', not {split!r}")
+        return make(match.group(1), int(match.group(2) or 0))
+    return load
+
+
+@dataclass(frozen=True)
+class Task:
+    """What differs between tasks: where problems come from, the prompt, the gold answer and the reward."""
+    name: str
+    instruction: str
+    load: Callable[[str, str], Any]
+    question: Callable[[dict], str]
+    gold: Callable[[dict], Any]
+    reward: Callable[[str, Any], float]
+    well_formed: Callable[[str], bool]
+    extract: Callable[[str], Any]          # the answer a completion gives, as the reward reads it
+    columns: tuple[tuple[str, ...], ...]   # the dataset needs one column of each tuple
+
+
+TASKS = {
+    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"], gsm8k_gold, gsm8k_reward,
+                  is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
+    "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
+                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000,
+                                                                                 seed=0 if split == "train" else 1)),
+                      lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
+                                  f"that equals {row['target']}.",
+                      lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},
+                      reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer,
+                      (("nums", "numbers"), ("target",))),
+}
+
+
+# Word problems a small model can learn on a CPU in minutes, answered and scored exactly like GSM8K
+for _name, _steps in (("arithmetic", 1), ("two-step", 2)):
+    TASKS[_name] = dataclasses.replace(
+        TASKS["gsm8k"], name=_name, load=generated_or_loaded(lambda split, size, steps=_steps:
+                                                             word_problem_split(split, size, steps)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU
 # ---------------------------------------------------------------------------------------------------------------
 
+
 # The demo's chat template keeps only the user's words: a 2-layer model cannot read the system instruction (the
 # warm-up teaches it the answer format instead), and every prompt token is paid for on each of the 8 samples.
 DEMO_CHAT_TEMPLATE = "{% for m in messages if m['role'] == 'user' %}{{ m['content'] }}\n{% endfor %}"
+
+
 def build_byte_tokenizer(chat_template: str = DEMO_CHAT_TEMPLATE):
     """A byte-level BPE tokenizer (one token per byte) with Qwen's special tokens; pad is one of two EOS tokens.
 
@@ -2328,99 +2455,6 @@ def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     model.save_pretrained(run_dir / "demo_model")
     tokenizer.save_pretrained(run_dir / "demo_model")
     return steps
-
-
-# Flags a resumed run may change: how it runs, not what it learns. Any other change would make one run's
-# record describe two different trainings.
-RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "show_examples", "device",
-                     "generation_batch_size", "micro_batch_size", "eval_batch_size", "logprob_chunk_size",
-                     "gradient_checkpointing", "check_replicas"}
-
-
-def saved_config(run_dir: Path) -> Config:
-    """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    if not is_run_dir(run_dir):
-        raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
-    saved = read_json(run_dir / "config.json")["config"]
-    unknown = sorted(set(saved) - CONFIG_FIELDS)
-    if unknown:
-        raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
-    for f in dataclasses.fields(Config):
-        value = saved.get(f.name, f.default)
-        if not (type(value) is type(f.default) or (type(f.default) is float and type(value) is int)):
-            raise UserError(f"{run_dir / 'config.json'}: {f.name} = {value!r} is not a {type(f.default).__name__}")
-    return Config(**saved)
-
-
-def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
-    """Config from the command line; with --demo or --resume, flags given explicitly override their base."""
-    args = build_arg_parser().parse_args(argv)
-    typed = vars(build_arg_parser(defaults=False).parse_args(argv))
-    explicit = {k: v for k, v in typed.items() if k in CONFIG_FIELDS}
-    for key in ("model_path", "dataset", "output_dir"):     # a shell leaves ~ alone after '=' or inside quotes
-        if isinstance(explicit.get(key), str) and explicit[key].startswith("~"):
-            explicit[key] = os.path.expanduser(explicit[key])
-    args.resume, args.report = (os.path.expanduser(p) if p else p for p in (args.resume, args.report))
-    modes = [name for name in ("demo", "resume", "report") if getattr(args, name)]
-    if len(modes) > 1:
-        raise UserError(f"--{modes[0]} and --{modes[1]} cannot be combined")
-    if args.report and explicit:
-        raise UserError(f"--report only redraws a run's plots: it takes no other flags (got "
-                        f"{', '.join(sorted(explicit))})")
-    if args.demo and "model_path" in explicit:
-        raise UserError("--demo builds its own model: leave out MODEL_PATH")
-    if args.resume:
-        base = saved_config(Path(args.resume))
-        if "output_dir" in explicit and Path(explicit["output_dir"]).resolve() != Path(args.resume).resolve():
-            raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
-        may_change = RESUME_MAY_CHANGE | {"output_dir"}
-        if base.lr_decay:                   # its learning rate was already decayed towards the old last step
-            may_change -= {"max_steps"}
-        changed = sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k))
-        if changed:
-            raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
-                            f"the run was trained with other values (start a new run instead)")
-        return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
-    base = demo_grpo_config(Config()) if args.demo else Config()
-    if explicit.get("task", base.task) != "gsm8k" and "dataset" not in explicit:
-        explicit["dataset"] = ""          # ./gsm8k would silently train another task on GSM8K's questions
-    return dataclasses.replace(base, **explicit), args
-
-
-def main(argv: list[str] | None = None) -> int:
-    with ctrl_c_latch():
-        return run_main(argv)
-
-
-def run_main(argv: list[str] | None) -> int:
-    try:
-        cfg, args = parse_config(argv)
-        init_distributed(cfg.device)
-        if args.report:
-            run_dir = Path(args.report)
-            if not (run_dir / "metrics.jsonl").is_file():
-                raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
-            try:
-                written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
-            except (KeyError, TypeError, ValueError) as e:
-                raise UserError(f"--report {run_dir}: the run record is damaged ({type(e).__name__}: {e})") from None
-            print("\n".join(str(p) for p in written))
-        elif args.demo:
-            run_demo(cfg)
-        else:
-            run_training(cfg, resume=bool(args.resume))
-        if world()[1] > 1:
-            dist.barrier()      # no process tears the group down while another still has work in flight
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:     # before a run began (parsing, joining torchrun): nothing was written
-        print("error: interrupted before the run began; nothing was written", file=sys.stderr)
-        return 2
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
