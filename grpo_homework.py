@@ -498,21 +498,40 @@ def position_ids_from_mask(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
-                                chunk_size=Config.logprob_chunk_size):
+# ----- TODO 4: per-token log-probs of the sampled tokens -----
+def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0.
 
-    With prompt_length, columns before it are 0, the LM head runs on completion positions only, and rows
-    that share a prompt (a GRPO group) compute it once.
+    The textbook operation on whatever batch it is given; with prompt_length, columns before it are 0. It holds
+    the whole [batch, seq, vocab] logits, so the training loop calls completion_logprobs (below) instead: the
+    same numbers, tested equal in value and gradient, computed where they are needed and in chunks.
     """
-    start = max(1, int(prompt_length or 1))
+    # Positions from the mask, as generate() numbered them: a left-padded row scores as it would unpadded.
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   position_ids=position_ids_from_mask(attention_mask)).logits               # [batch, seq, vocab]
+    logits = logits[:, :-1].float() / temperature                  # position t-1 predicts token t, as sampled
+    logprobs = logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None])[..., 0]             # [batch, seq - 1]
+    logprobs = F.pad(logprobs, (1, 0))                             # token 0 has no prediction
+    if prompt_length:
+        logprobs[:, :prompt_length] = 0
+    return logprobs                                                                           # [batch, seq]
+
+
+def completion_logprobs(model, input_ids, attention_mask, prompt_length: int, *, temperature=1.0,
+                        chunk_size=Config.logprob_chunk_size):
+    """compute_logprobs_from_model(..., prompt_length=...) as the update needs it, in memory and time.
+
+    Hidden states only where a completion token is predicted; the LM head and log-softmax in chunks of
+    `chunk_size` positions with the backward recomputing them (token_logprobs); and rows that share a prompt
+    (a GRPO group) computed with one pass over it (shared_prompt_hidden).
+    """
+    start = max(1, int(prompt_length))
     batch, seq = input_ids.shape
     if start >= seq:
         return torch.zeros(batch, seq, device=input_ids.device)
     body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
-    segment = prompt_segments(input_ids, attention_mask, start) if prompt_length else None
-    if segment is not None and int(segment[-1]) + 1 < batch and \
-            body.config._attn_implementation in ("sdpa", "eager"):
+    segment = prompt_segments(input_ids, attention_mask, start)
+    if int(segment[-1]) + 1 < batch and body.config._attn_implementation in ("sdpa", "eager"):
         hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
     else:
         hidden = body(input_ids=input_ids, attention_mask=attention_mask,
@@ -525,7 +544,7 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 
 class PolicyLogprobs(torch.nn.Module):
-    """compute_logprobs_from_model as a module call, so that DDP or FSDP wrapping it sees the forward pass.
+    """completion_logprobs as a module call, so that DDP or FSDP wrapping it sees the forward pass.
 
     The log-prob path calls the model's body and LM-head weight directly, never the model's own forward, so
     wrapping the Hugging Face model itself would leave its gradient hooks unarmed.
@@ -536,8 +555,8 @@ class PolicyLogprobs(torch.nn.Module):
         self.policy = model
 
     def forward(self, input_ids, attention_mask, prompt_length, temperature, chunk_size):
-        return compute_logprobs_from_model(self.policy, input_ids, attention_mask, temperature=temperature,
-                                           prompt_length=prompt_length, chunk_size=chunk_size)
+        return completion_logprobs(self.policy, input_ids, attention_mask, prompt_length, temperature=temperature,
+                                   chunk_size=chunk_size)
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
@@ -684,33 +703,43 @@ class TrainingInterrupted(Exception):
     """Ctrl-C arrived; the loop stopped after the step in flight."""
 
 
+@dataclass
+class LoopExtras:
+    """What a full run hands train_grpo beyond the template's arguments; the defaults give the plain loop."""
+    scorer: Any = None                  # the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun
+    ref_model: Any = None               # frozen starting model for the KL penalty (--kl-coef)
+    scheduler: Any = None               # learning-rate schedule, stepped once per step
+    start: dict = field(default_factory=lambda: {"step": 0, "epoch": 0, "batch_in_epoch": 0})   # resume here
+    on_step: Callable[[dict], None] | None = None   # called with each step's record: logging, checkpoints
+    stop_flag: Callable[[], bool] | None = None     # polled between steps: true raises TrainingInterrupted
+
+
+# ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
-               max_new_tokens=256, *, cfg: Config | None = None, task: Task | None = None, ref_model=None,
-               scheduler=None, on_step: Callable[[dict], None] | None = None, start_step=0, start_epoch=0,
-               skip_batches=0, stop_flag: Callable[[], bool] | None = None, scorer=None):
+               max_new_tokens=256, *, cfg: Config | None = None, extras: LoopExtras | None = None):
     """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update.
 
-    Returns the per-step history (list of dicts). on_step(record) is called after each step (logging,
-    checkpoints); stop_flag() is polled between steps and raises TrainingInterrupted when it turns true.
-    scorer: the DDP/FSDP-wrapped PolicyLogprobs under torchrun; then records hold all processes' samples.
+    Returns the per-step history (list of dicts). The template's arguments are settings of cfg: without cfg
+    they are the settings (the rest at Config's defaults, no step limit); with cfg they must equal its fields.
     """
-    cfg = dataclasses.replace(cfg or Config(max_steps=0), num_epochs=num_epochs, group_size=group_size,
-                              clip_eps=clip_eps, max_new_tokens=max_new_tokens)
-    task = task or TASKS[cfg.task]
-    scorer = scorer or PolicyLogprobs(model)
-    history, step = [], start_step
+    given = dict(num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps, max_new_tokens=max_new_tokens)
+    if cfg is None:
+        cfg = Config(max_steps=0, **given)
+    elif [k for k, v in given.items() if getattr(cfg, k) != v]:
+        raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
+    extras = extras or LoopExtras()
+    task, scorer, start = TASKS[cfg.task], extras.scorer or PolicyLogprobs(model), extras.start
+    history, step = [], start["step"]
     model.train()
     from tqdm.auto import tqdm
     total = cfg.max_steps or num_epochs * len(train_loader)
-    with tqdm(total=total, initial=start_step, desc="GRPO", dynamic_ncols=True, disable=None if is_main() else True) \
-            as bar:
-        for epoch in range(start_epoch, num_epochs):
-            set_epoch = getattr(getattr(train_loader, "sampler", None), "set_epoch", None) or \
-                getattr(train_loader, "set_epoch", None)
-            if set_epoch:
-                set_epoch(epoch)
+    with tqdm(total=total, initial=step, desc="GRPO", dynamic_ncols=True, disable=None if is_main() else True) as bar:
+        for epoch in range(start["epoch"], num_epochs):
+            for shuffler in (train_loader, getattr(train_loader, "sampler", None)):   # ours, or a DistributedSampler
+                if hasattr(shuffler, "set_epoch"):      # a new order each epoch, the same one on resume
+                    shuffler.set_epoch(epoch)
             for index, batch in enumerate(train_loader):
-                if epoch == start_epoch and index < skip_batches:
+                if epoch == start["epoch"] and index < start["batch_in_epoch"]:
                     continue
                 if cfg.max_steps and step >= cfg.max_steps:
                     return history
@@ -719,25 +748,22 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                     rollout = halve_on_oom(cfg, "generation_batch_size",
                                            lambda: collect_rollout(model, tokenizer, batch, cfg, device, task))
                 t1 = time.perf_counter()
-                stats = halve_on_oom(cfg, "micro_batch_size",
-                                     lambda: grpo_update(model, optimizer, rollout, cfg, ref_model, scorer=scorer))
+                stats = halve_on_oom(cfg, "micro_batch_size", lambda: grpo_update(
+                    model, optimizer, rollout, cfg, extras.ref_model, scorer=scorer))
                 t2 = time.perf_counter()
                 lr = optimizer.param_groups[0]["lr"]
-                if scheduler is not None:
-                    scheduler.step()
+                if extras.scheduler is not None:
+                    extras.scheduler.step()
                 step += 1
-                gen_seconds, update_seconds = all_reduce(t1 - t0, t2 - t1, op="max")
-                record = step_record(step, epoch, gather_rollout_stats(rollout), stats, cfg, lr, gen_seconds,
-                                     update_seconds)
-                record["batch_in_epoch"] = index + 1
+                record = step_record(step, epoch, index + 1, rollout, stats, cfg, lr, t1 - t0, t2 - t1)
                 if cfg.check_replicas:
                     record["weight_checksum"] = check_replicas(model, step)
                 history.append(record)
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}")
-                if on_step:
-                    on_step(record)
-                if stop_flag and all_reduce(float(stop_flag()), op="max")[0]:     # every process stops together
+                if extras.on_step:
+                    extras.on_step(record)
+                if extras.stop_flag and all_reduce(float(extras.stop_flag()), op="max")[0]:   # all stop together
                     raise TrainingInterrupted(step)
     return history
 
@@ -774,38 +800,29 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python grpo_homework.py MODEL_PATH [flags]`: the template's flow (run_phases), or --demo, --resume or
+    --report on the same pipeline. Bad input, a failure or Ctrl-C ends in one line and exit status 2."""
     with ctrl_c_latch():
-        return run_main(argv)
-
-
-def run_main(argv: list[str] | None) -> int:
-    try:
-        cfg, args = parse_config(argv)
-        init_distributed(cfg.device)
-        if args.report:
-            run_dir = Path(args.report)
-            if not (run_dir / "metrics.jsonl").is_file():
-                raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
-            try:
-                written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
-            except (KeyError, TypeError, ValueError) as e:
-                raise UserError(f"--report {run_dir}: the run record is damaged ({type(e).__name__}: {e})") from None
-            print("\n".join(str(p) for p in written))
-        elif args.demo:
-            run_demo(cfg)
-        else:
-            run_training(cfg, resume=bool(args.resume))
-        if world()[1] > 1:
-            dist.barrier()      # no process tears the group down while another still has work in flight
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:     # before a run began (parsing, joining torchrun): nothing was written
-        print("error: interrupted before the run began; nothing was written", file=sys.stderr)
-        return 2
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        try:
+            cfg, args = parse_config(argv)
+            init_distributed(cfg.device)
+            if args.report:
+                redraw_report(Path(args.report))
+            elif args.demo:
+                run_demo(cfg)
+            else:
+                run_training(cfg, resume=bool(args.resume))
+            if world()[1] > 1:
+                dist.barrier()      # no process tears the group down while another still has work in flight
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:     # before a run began (parsing, joining torchrun): nothing was written
+            print("error: interrupted before the run began; nothing was written", file=sys.stderr)
+            return 2
+        finally:
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
     return 0
 
 
@@ -829,18 +846,15 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
 
 
 def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
-    """Load model, data and optimizer (from the newest checkpoint when resuming), then record the run's config."""
-    import transformers
-    task = TASKS[cfg.task]
+    """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
     checkpoint = last_checkpoint(run_dir) if resume else None
-    state = load_trainer_state(checkpoint) if checkpoint else None
 
     print("Loading tokenizer and model...")
     model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
     ref_model = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0:                         # the KL penalty's frozen copy of the starting model
         ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
         ref_model.requires_grad_(False)
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
@@ -849,11 +863,10 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     scorer = wrap_for_processes(PolicyLogprobs(model), cfg, device)
 
     print("Loading dataset...")
-    train_set = GSM8KDataset(split_name("train", cfg.train_size), tokenizer, cfg.max_prompt_length,
-                             dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-    eval_set = GSM8KDataset(split_name("test", cfg.eval_size), tokenizer, cfg.max_prompt_length,
-                            dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-    rank, world_size = world()
+    task, rank, world_size = TASKS[cfg.task], *world()
+    train_set, eval_set = (GSM8KDataset(split_name(split, size), tokenizer, cfg.max_prompt_length, task=task,
+                                        dataset_path=cfg.dataset, prompt_style=cfg.prompt_style)
+                           for split, size in (("train", cfg.train_size), ("test", cfg.eval_size)))
     if len(eval_set) == 0:
         raise UserError(f"no test problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
@@ -868,34 +881,9 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, cfg.lr_warmup_steps, cfg.max_steps if cfg.lr_decay else 0))
-    start = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
-    summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
-    if state is not None:
-        if len(state["rng"]) != world_size:
-            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
-                            f"(now {world_size}), or the data and samples would not continue where they stopped")
-        load_optimizer_state(scorer, optimizer, state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"][rank], optimizer)
-        start = {k: state[k] for k in start}
-        planned = min(cfg.max_steps or math.inf, cfg.num_epochs * len(loader))
-        if summary.get("finished") and start["step"] >= planned:
-            raise UserError(f"{run_dir} finished after {start['step']} steps: pass a larger --max-steps or "
-                            f"--num-epochs to train it further")
-        print(f"Resuming from {checkpoint} (step {start['step']})")
-    elif resume:
-        print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
-              file=sys.stderr)
-    if is_main():
-        if resume:
-            write_jsonl(run_dir / "metrics.jsonl",
-                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start["step"]])
-        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
-                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                                                          "transformers": transformers.__version__}})
-    t_start = time.perf_counter() - (summary.get("wall_seconds", 0.0) if state else 0.0)
-    return Run(cfg, run_dir, task, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader,
-               eval_set, start, summary, t_start, saved_step=start["step"] if state else None)
+    run = Run(cfg, run_dir, task, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader, eval_set)
+    open_record(run, checkpoint, resume)
+    return run
 
 
 def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
@@ -1052,14 +1040,21 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     return dataclasses.replace(base, **explicit), args
 
 
-# Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector), so a Ctrl-C
-# that lands there would be lost and the run would go on. main() latches every Ctrl-C; check_ctrl_c raises a
-# lost one again at the next batch. After a Ctrl-C, what it cut short (a parquet writer whose file is closed)
-# may fail in its own finalizer: that is noise under the one-line error, so it is kept quiet too.
-_ctrl_c = {"pressed": False}
+# Ctrl-C, in one place: main() installs on_ctrl_c for the whole command. While training, the first press only
+# asks the loop to stop after the step in flight (it is checkpointed, and --resume continues bit-identically);
+# a second press, or any press elsewhere, raises KeyboardInterrupt, which run_phases turns into one line saying
+# how to resume. Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector),
+# so a press is also latched, and check_ctrl_c raises a lost one again at the next batch. After a press, what
+# it cut short (a parquet writer whose file is closed) may fail in its own finalizer: noise, kept quiet.
+_ctrl_c = {"pressed": False, "training": False, "asked": 0.0}
 
 
 def on_ctrl_c(signum, frame):
+    if _ctrl_c["training"] and not (_ctrl_c["asked"] and time.monotonic() - _ctrl_c["asked"] > 2):
+        if not _ctrl_c["asked"]:        # torchrun repeats the first press at once: only a later one aborts
+            _ctrl_c["asked"] = time.monotonic()
+            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
+        return
     _ctrl_c["pressed"] = True
     raise KeyboardInterrupt
 
@@ -1073,7 +1068,7 @@ def check_ctrl_c() -> None:
 def ctrl_c_latch():
     """Latch Ctrl-C while the block runs; keep quiet about one Python dropped (it is raised again) and about
     finalizers failing after one."""
-    _ctrl_c["pressed"] = False
+    _ctrl_c.update(pressed=False, training=False, asked=0.0)
     previous = signal.signal(signal.SIGINT, on_ctrl_c), sys.unraisablehook
     sys.unraisablehook = lambda u: None if _ctrl_c["pressed"] else previous[1](u)
     try:
@@ -1083,7 +1078,7 @@ def ctrl_c_latch():
             gc.collect()        # run what the interrupt left behind while the quiet hook is still in place
         signal.signal(signal.SIGINT, previous[0])
         sys.unraisablehook = previous[1]
-        _ctrl_c["pressed"] = False
+        _ctrl_c.update(pressed=False, training=False, asked=0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1194,9 +1189,9 @@ class Run:
     scheduler: Any
     loader: "SeededLoader"
     eval_set: GSM8KDataset
-    start: dict                    # step, epoch and batch_in_epoch training continues from
-    summary: dict
-    t_start: float
+    start: dict = field(default_factory=lambda: {"step": 0, "epoch": 0, "batch_in_epoch": 0})   # continue here
+    summary: dict = field(default_factory=dict)
+    t_start: float = field(default_factory=time.perf_counter)
     last_record: dict | None = None   # the last step trained in this process
     saved_step: int | None = None     # the step of the newest checkpoint on disk
 
@@ -1207,6 +1202,40 @@ def run_training(cfg: Config, resume: bool = False) -> dict:
     run_dir = Path(cfg.output_dir)
     with claimed_run_dir(run_dir, resume=resume, model_path=cfg.model_path):
         return run_phases(cfg, run_dir, resume)
+
+
+def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
+    """Continue from `checkpoint` (optimizer, schedule, random streams, data position) when there is one, trim
+    metrics.jsonl to it, and record the run's config."""
+    import transformers
+    cfg, run_dir, (rank, world_size) = run.cfg, run.run_dir, world()
+    state = load_trainer_state(checkpoint) if checkpoint else None
+    run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
+    if state is not None:
+        if len(state["rng"]) != world_size:
+            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
+                            f"(now {world_size}), or the data and samples would not continue where they stopped")
+        load_optimizer_state(run.scorer, run.optimizer, state["optimizer"])
+        run.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"][rank], run.optimizer)
+        run.start = {k: state[k] for k in run.start}
+        planned = min(cfg.max_steps or math.inf, cfg.num_epochs * len(run.loader))
+        if run.summary.get("finished") and run.start["step"] >= planned:
+            raise UserError(f"{run_dir} finished after {run.start['step']} steps: pass a larger --max-steps or "
+                            f"--num-epochs to train it further")
+        print(f"Resuming from {checkpoint} (step {run.start['step']})")
+        run.t_start -= run.summary.get("wall_seconds", 0.0)
+        run.saved_step = run.start["step"]
+    elif resume:
+        print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
+              file=sys.stderr)
+    if is_main():
+        if resume:
+            write_jsonl(run_dir / "metrics.jsonl",
+                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= run.start["step"]])
+        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
+                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                                          "transformers": transformers.__version__}})
 
 
 def evaluate_before(run: Run) -> None:
@@ -1253,31 +1282,21 @@ def train_phase(run: Run) -> None:
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
             write_plots(run_dir)
 
-    stop = {"asked": False}
-
-    def ask_stop(signum, frame):
-        if stop["asked"] and time.monotonic() - stop["asked"] > 2:   # torchrun repeats the first Ctrl-C at once
-            raise KeyboardInterrupt
-        if not stop["asked"]:
-            stop["asked"] = time.monotonic()
-            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
-
-    previous_handler = signal.signal(signal.SIGINT, ask_stop)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
+    _ctrl_c.update(training=True, asked=0.0)
     try:
+        extras = LoopExtras(run.scorer, run.ref_model, run.scheduler, run.start, on_step,
+                            stop_flag=lambda: bool(_ctrl_c["asked"]))
         train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
-                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, task=run.task, ref_model=run.ref_model,
-                   scheduler=run.scheduler, on_step=on_step, start_step=run.start["step"],
-                   start_epoch=run.start["epoch"], skip_batches=run.start["batch_in_epoch"],
-                   stop_flag=lambda: bool(stop["asked"]), scorer=run.scorer)
+                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, extras=extras)
     except TrainingInterrupted:
         checkpoint_now(run)
         if is_main():
             write_plots(run_dir)
         raise KeyboardInterrupt from None
     finally:
-        signal.signal(signal.SIGINT, previous_handler)
+        _ctrl_c["training"] = False
         if metrics_file:
             metrics_file.close()
 
@@ -1361,11 +1380,15 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def step_record(step: int, epoch: int, rollout: Rollout, stats: dict, cfg: Config, lr: float,
+def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, stats: dict, cfg: Config, lr: float,
                 gen_seconds: float, update_seconds: float) -> dict:
+    """One line of metrics.jsonl: every process's samples, the slowest process's seconds."""
+    rollout = gather_rollout_stats(rollout)
+    gen_seconds, update_seconds = all_reduce(gen_seconds, update_seconds, op="max")
     grouped = rollout.rewards.view(-1, cfg.group_size)
     lengths = rollout.completion_lengths.float()
-    record = {"step": step, "epoch": epoch, "samples": len(rollout.rewards), "reward_mean": rollout.rewards.mean().item(),
+    record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rollout.rewards),
+              "reward_mean": rollout.rewards.mean().item(),
               "reward_std": rollout.rewards.std().item(),
               "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
               **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped")},
@@ -1508,6 +1531,17 @@ def last_checkpoint(run_dir: Path) -> Path | None:
 # ---------------------------------------------------------------------------------------------------------------
 # Plots and before/after answers
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def redraw_report(run_dir: Path) -> None:
+    """--report: plots and before_after.md of a run, drawn again from its records."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
+    try:
+        written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"--report {run_dir}: the run record is damaged ({type(e).__name__}: {e})") from None
+    print("\n".join(str(p) for p in written))
 
 
 def smooth(values: list[float], window: int) -> list[float]:

@@ -10,7 +10,7 @@ same prompts four ways: as the pipeline calls `generate` (dynamic KV cache), wit
 cache plus torch.compile, and with continuous batching (`generate_batch`: paged attention, CUDA graphs on a GPU);
 tokens/s side by side, and whether all four give identical tokens. Last, continuous batching samples at the
 pipeline's temperature and the pipeline scores those samples: the log-probs `generate_batch` reports must agree
-with compute_logprobs_from_model's within the sampler-agreement test's tolerance (2e-4), or its samples would not
+with the pipeline scorer's (completion_logprobs) within the sampler-agreement test's tolerance (2e-4), or its samples would not
 be the distribution the loss assumes.
 
 A random model almost never samples EOS, so every completion runs to --max-new-tokens: the worst case.
@@ -182,8 +182,8 @@ def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> d
     new, reported = continuous_batching(model, rows, sampling)
     full = torch.cat([rows, new], 1)
     with gh.inference_mode(model):
-        scored = gh.compute_logprobs_from_model(model, full, torch.ones_like(full), temperature=cfg.temperature,
-                                                prompt_length=rows.shape[1])[:, rows.shape[1]:]
+        scored = gh.completion_logprobs(model, full, torch.ones_like(full), temperature=cfg.temperature,
+                                        prompt_length=rows.shape[1])[:, rows.shape[1]:]
     gaps = [abs(float(scored[r, t]) - lp) for r, lps in enumerate(reported) for t, lp in enumerate(lps)]
     return {"tok_s": results, "identical": identical, "logprob_gap": max(gaps, default=float("nan"))}
 

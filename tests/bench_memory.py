@@ -5,7 +5,7 @@ for the log-softmax), fp32 is shown beside it.
 
 Not collected by pytest (the name does not start with test_). Run: python tests/bench_memory.py
 Compares the naive path (full-vocabulary fp32 logits and log-softmax over every position) with ours
-(`compute_logprobs_from_model` with prompt_length: LM head on completion positions only, in chunks,
+(`completion_logprobs`, what the update calls: LM head on completion positions only, in chunks,
 recomputed in backward). Each path runs in its own process; the kernel's peak RSS is reset
 (/proc/self/clear_refs) after the model and its gradients exist, so construction does not hide the step.
 
@@ -83,7 +83,7 @@ def measure(path: str, dtype: str) -> float:
         logprobs = logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
         logprobs = logprobs[:, PROMPT - 1:]
     else:
-        logprobs = gh.compute_logprobs_from_model(model, ids, mask, prompt_length=PROMPT)[:, PROMPT:]
+        logprobs = gh.completion_logprobs(model, ids, mask, prompt_length=PROMPT)[:, PROMPT:]
     logprobs.mean().backward()
     return rss_mb("VmHWM") - base
 

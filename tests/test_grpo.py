@@ -153,8 +153,8 @@ def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_an
     model, tok = model_and_tokenizer
     batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
     prompt_length = 10
-    ours = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"],
-                                          prompt_length=prompt_length, chunk_size=3)
+    ours = gh.completion_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                                  prompt_length=prompt_length, chunk_size=3)
     ours.sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -165,6 +165,13 @@ def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_an
     naive.sum().backward()
     assert (ours[:, :prompt_length] == 0).all()
     assert torch.allclose(ours, naive, atol=1e-5)
+    for g, p in zip(grads, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-5)
+    model.zero_grad()                                   # TODO 4 as written, the textbook: the same value and gradient
+    textbook = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"],
+                                              prompt_length=prompt_length)
+    textbook.sum().backward()
+    assert torch.allclose(textbook, ours, atol=1e-5)
     for g, p in zip(grads, model.parameters()):
         assert torch.allclose(g, p.grad, atol=1e-5)
 
@@ -185,7 +192,7 @@ def _grouped_rollout(tok, prompts, group, completion_len, seed=0):
 
 def _logprobs_and_grads(model, ids, mask, P, weights):
     model.zero_grad()
-    lp = gh.compute_logprobs_from_model(model, ids, mask, temperature=0.7, prompt_length=P, chunk_size=5)
+    lp = gh.completion_logprobs(model, ids, mask, temperature=0.7, prompt_length=P, chunk_size=5)
     (lp * weights).sum().backward()
     return lp.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -380,16 +387,16 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
     expected = [(s - p.grad).clone() for p, s in zip(model.parameters(), start)]
     for p, s in zip(model.parameters(), start):
         p.data.copy_(s)
-    rows_seen, real_logprobs = [], gh.compute_logprobs_from_model
+    rows_seen, real_logprobs = [], gh.completion_logprobs
 
     def counting(model, input_ids, *args, **kwargs):
         rows_seen.append(input_ids.shape[0])
         return real_logprobs(model, input_ids, *args, **kwargs)
-    gh.compute_logprobs_from_model = counting
+    gh.completion_logprobs = counting
     try:
         gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     finally:
-        gh.compute_logprobs_from_model = real_logprobs
+        gh.completion_logprobs = real_logprobs
     assert sum(rows_seen) == 8                                          # 12 rows, the zero group never ran
     assert all(torch.allclose(p, e, atol=1e-6) for p, e in zip(model.parameters(), expected))
     for p, s in zip(model.parameters(), start):
