@@ -18,10 +18,11 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Old policy: with one PPO epoch (the default) the old log-probs are the current ones detached, so the first
   ratio is exactly 1 and no extra forward pass is spent. `--ppo-epochs N` computes them once up front.
 - Learning rate: linear warm-up over `--lr-warmup-steps`, then constant; `--lr-decay` lets it fall linearly
-  towards 0 at `--max-steps` instead (a short run can start fast and still end with small steps).
-- Precision: bf16 weights on CUDA, updated by AdamW whose step is computed in fp32 and written back with
-  stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 on CPU. Log-softmax is taken in fp32
-  over chunks of completion positions only, never over a full (sequences x positions x vocab) tensor.
+  towards 0 at the run's last step instead (a short run can start fast and still end with small steps).
+- Precision: bf16 weights on GPUs that compute it natively, updated by AdamW whose step is computed in fp32 (in
+  slices) and written back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere.
+  Log-softmax is taken in fp32 over chunks of completion positions only, never over a full (sequences x
+  positions x vocab) tensor.
 - Memory: gradient checkpointing on CUDA, update micro-batches with exact gradient accumulation, KV cache
   in generation. Rows with advantage 0 (groups whose rewards are all equal) skip the update's forward and
   backward: their gradient is exactly 0 (unless a KL penalty is on). A group's completions share one pass
@@ -37,17 +38,22 @@ Run:
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
     python grpo_homework.py --resume RUN_DIR           # finish a run stopped in any phase, or train it further
     torchrun --nproc_per_node=N grpo_homework.py MODEL_PATH [--parallel fsdp]   # N GPUs, data-parallel
+
+The homework comes first: configuration, then Parts 1-5 with TODOs 1-5 and main, in the data's path. It ends at
+the banner "WHAT SUPPORTS THE RUN"; below it, what a real run needs around the algorithm, by concern.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import contextlib
 import dataclasses
 import gc
 import json
 import math
+import operator
 import os
 import random
 import re
@@ -63,7 +69,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,7 +117,8 @@ class Config:
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
     lr_warmup_steps: int = _flag(10, "linear learning-rate warm-up, then constant")
-    lr_decay: bool = _flag(False, "after the warm-up, decay the learning rate linearly to 0 at --max-steps")
+    lr_decay: bool = _flag(False, "after the warm-up, decay the learning rate linearly to 0 at the last step "
+                           "(--max-steps, or the data's end if sooner)")
     weight_decay: float = _flag(0.0, "AdamW decoupled weight decay")
     max_grad_norm: float = _flag(1.0, "gradient clipping norm")
     num_epochs: int = _flag(1, "passes over the training problems")
@@ -181,10 +188,8 @@ class GSM8KDataset(Dataset):
         if len(keep) < len(ids):
             print(f"warning: dropped {len(ids) - len(keep)} of {len(ids)} prompts longer than {self.max_length} "
                   f"tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
-        self.prompts = [self.prompts[i] for i in keep]
-        self.questions = [self.questions[i] for i in keep]
-        self.answers = [self.answers[i] for i in keep]
-        self.encodings = [ids[i] for i in keep]
+        self.prompts, self.questions, self.answers, self.encodings = (
+            [values[i] for i in keep] for values in (self.prompts, self.questions, self.answers, ids))
 
     def __len__(self):
         return len(self.prompts)
@@ -399,7 +404,7 @@ def prefill_once(model, input_ids, attention_mask, num_samples):
     generate() then runs only the last prompt token and on, exactly as if it had prefilled each row itself."""
     from transformers import DynamicCache
     cache = DynamicCache(config=model.config)
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)     # [prompts, prompt] as generate numbers them
+    positions = position_ids_from_mask(attention_mask)                   # [prompts, prompt]
     model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
           past_key_values=cache, use_cache=True, logits_to_keep=1)
     cache.batch_repeat_interleave(num_samples)
@@ -490,11 +495,8 @@ def collect_rollout(model, tokenizer, batch, cfg: Config, device, task: Task) ->
 
 
 def position_ids_from_mask(attention_mask):
-    """Positions as generate() derives them: count of attended tokens so far, pads at 0.
-
-    RoPE models (Qwen) only see relative positions, so for them this changes nothing; models with absolute
-    position embeddings would score left-padded rows wrongly without it.
-    """
+    """Positions as generate() numbers them: attended tokens so far, pads at 0 (absolute-position models need
+    this to score a left-padded row as unpadded; for RoPE models such as Qwen it changes nothing)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -518,17 +520,19 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 
 def completion_logprobs(model, input_ids, attention_mask, prompt_length: int, *, temperature=1.0,
-                        chunk_size=Config.logprob_chunk_size):
+                        chunk_size=Config.logprob_chunk_size, with_entropy=False):
     """compute_logprobs_from_model(..., prompt_length=...) as the update needs it, in memory and time.
 
     Hidden states only where a completion token is predicted; the LM head and log-softmax in chunks of
-    `chunk_size` positions with the backward recomputing them (token_logprobs); and rows that share a prompt
-    (a GRPO group) computed with one pass over it (shared_prompt_hidden).
+    `chunk_size` positions with the backward recomputing them (ChunkedTokenLogprobs); and rows that share a prompt
+    (a GRPO group) computed with one pass over it (shared_prompt_hidden). with_entropy: also each position's
+    entropy of softmax(logits / T) (token_entropy), from the same chunks, without gradient.
     """
     start = max(1, int(prompt_length))
     batch, seq = input_ids.shape
     if start >= seq:
-        return torch.zeros(batch, seq, device=input_ids.device)
+        zeros = torch.zeros(batch, seq, device=input_ids.device)
+        return (zeros, zeros.clone()) if with_entropy else zeros
     body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
     segment = prompt_segments(input_ids, attention_mask, start)
     if int(segment[-1]) + 1 < batch and body.config._attn_implementation in ("sdpa", "eager"):
@@ -538,25 +542,23 @@ def completion_logprobs(model, input_ids, attention_mask, prompt_length: int, *,
                       position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
         hidden = hidden[:, start - 1:-1]                                     # [batch, seq - start, hidden]
     targets = input_ids[:, start:]                                           # [batch, seq - start]
-    logprobs = token_logprobs(hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1),
-                              model.get_output_embeddings().weight, temperature, chunk_size)
-    return F.pad(logprobs.view(batch, seq - start), (start, 0))             # [batch, seq]
+    logprobs, entropy = (F.pad(t.view(batch, seq - start), (start, 0)) for t in ChunkedTokenLogprobs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight, targets.reshape(-1), temperature,
+        chunk_size, with_entropy))                                           # [batch, seq] each
+    return (logprobs, entropy) if with_entropy else logprobs
 
 
 class PolicyLogprobs(torch.nn.Module):
-    """completion_logprobs as a module call, so that DDP or FSDP wrapping it sees the forward pass.
-
-    The log-prob path calls the model's body and LM-head weight directly, never the model's own forward, so
-    wrapping the Hugging Face model itself would leave its gradient hooks unarmed.
-    """
+    """completion_logprobs as a module call, so that DDP or FSDP wrapping it sees the forward pass (it calls the
+    model's body and LM-head weight, never the model's forward, which a wrapped model would hook)."""
 
     def __init__(self, model):
         super().__init__()
         self.policy = model
 
-    def forward(self, input_ids, attention_mask, prompt_length, temperature, chunk_size):
+    def forward(self, input_ids, attention_mask, prompt_length, temperature, chunk_size, with_entropy=False):
         return completion_logprobs(self.policy, input_ids, attention_mask, prompt_length, temperature=temperature,
-                                   chunk_size=chunk_size)
+                                   chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
@@ -590,28 +592,22 @@ def micro_batches(rollout: Rollout, size: int):
     """Slices of rows, each trimmed to its last completion column (padding after every EOS costs nothing)."""
     for start in range(0, rollout.output_ids.shape[0], size):
         rows = slice(start, start + size)
-        used = rollout.attention_mask[rows].shape[1]
         mask_cols = rollout.loss_mask[rows].any(0).nonzero()
-        if len(mask_cols):
-            used = int(mask_cols[-1]) + 1
-        yield rows, used
+        yield rows, int(mask_cols[-1]) + 1 if len(mask_cols) else rollout.attention_mask.shape[1]
 
 
 def micro_batch_weight(mask_mb, rows_all: int, tokens_all: float, loss_agg: str, world_size: int = 1) -> float:
-    """Scale of one micro-batch's loss so that the accumulated gradient equals the full batch's.
-
-    Under torchrun the gradient is also averaged over processes, so token-mean divides by every process's
-    tokens (tokens_all), not by this process's alone.
-    """
+    """Scale of one micro-batch's loss so that the accumulated gradient equals the full batch's (under torchrun,
+    where gradients are also averaged over processes, token-mean divides by every process's tokens_all)."""
     if loss_agg == "token-mean":
         return world_size * mask_mb.sum().item() / max(tokens_all, 1)
     return mask_mb.shape[0] / rows_all                                       # means over rows
 
 
-def micro_batch_logprobs(scorer, rollout: Rollout, rows: slice, used: int, cfg: Config) -> torch.Tensor:
-    """[rows, used] log-probs of one micro-batch: the same call for policy, old policy and reference."""
+def micro_batch_logprobs(scorer, rollout: Rollout, rows: slice, used: int, cfg: Config, with_entropy=False):
+    """[rows, used] log-probs of one micro-batch (and entropies): one call for policy, old policy and reference."""
     return scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used], rollout.prompt_length,
-                  cfg.temperature, cfg.logprob_chunk_size)
+                  cfg.temperature, cfg.logprob_chunk_size, with_entropy)
 
 
 def rollout_logprobs(scorer, rollout: Rollout, cfg: Config) -> torch.Tensor:
@@ -625,10 +621,7 @@ def rollout_logprobs(scorer, rollout: Rollout, cfg: Config) -> torch.Tensor:
 
 def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None, *, scorer=None) -> dict:
     """`cfg.ppo_epochs` clipped policy-gradient steps on one rollout, gradients accumulated over micro-batches.
-
-    scorer: the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun (then gradients are averaged over
-    processes once per step, on the last micro-batch).
-    """
+    scorer: the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun (gradients averaged once a step)."""
     scorer = scorer or PolicyLogprobs(model)
     params = [p for p in model.parameters() if p.requires_grad]
     rows_all, (tokens_all,) = len(rollout.loss_mask), all_reduce(rollout.loss_mask.sum().item())
@@ -643,13 +636,17 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     # is masked (token-mean with --mask-truncated), and then the stats stay 0.
     covered = sum(weights) or 1.0
     stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0}
-    for _ in range(cfg.ppo_epochs):
+    entropy_sum = entropy_tokens = 0.0              # over the completion tokens the update ran, in its first epoch
+    for epoch in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         epoch_loss = 0.0
         for i, (rows, used) in enumerate(chunks):
             with gradient_sync(scorer, enabled=i == len(chunks) - 1):
                 mask = rollout.loss_mask[rows, :used]
-                logprobs = micro_batch_logprobs(scorer, rollout, rows, used, cfg)                # [rows, used]
+                logprobs, entropy = micro_batch_logprobs(scorer, rollout, rows, used, cfg, True)  # [rows, used]
+                if epoch == 0:
+                    entropy_sum += entropy[mask].sum().item()
+                    entropy_tokens += mask.sum().item()
                 old_lp = logprobs.detach() if old is None else old[rows, :used]
                 loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device),
                                                      mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
@@ -680,7 +677,9 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
         stats["grad_norm"] += grad_norm / cfg.ppo_epochs
     optimizer.zero_grad(set_to_none=True)
     keys = ("clipfrac", "approx_kl", "kl_ref")
-    stats.update(zip(keys, (v / world()[1] for v in all_reduce(*(stats[k] for k in keys)))))
+    *averaged, entropy_sum, entropy_tokens = all_reduce(*(stats[k] for k in keys), entropy_sum, entropy_tokens)
+    stats.update(zip(keys, (v / world()[1] for v in averaged)))
+    stats["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else None   # no pass ran: not measured
     return stats
 
 
@@ -760,7 +759,8 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                     record["weight_checksum"] = check_replicas(model, step)
                 history.append(record)
                 bar.update(1)
-                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}")
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
+                                entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
                 if extras.on_step:
                     extras.on_step(record)
                 if extras.stop_flag and all_reduce(float(extras.stop_flag()), op="max")[0]:   # all stop together
@@ -841,7 +841,8 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
         cause = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e})"
         if not (run_dir / "config.json").exists():
             raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
-        raise UserError(f"{cause} during {phase}; resume with: python {Path(sys.argv[0]).name} --resume {run_dir}") \
+        launch = f"torchrun --nproc_per_node={world()[1]}" if world()[1] > 1 else "python"
+        raise UserError(f"{cause} during {phase}; resume with: {launch} {Path(sys.argv[0]).name} --resume {run_dir}") \
             from None
 
 
@@ -864,8 +865,8 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
 
     print("Loading dataset...")
     task, rank, world_size = TASKS[cfg.task], *world()
-    train_set, eval_set = (GSM8KDataset(split_name(split, size), tokenizer, cfg.max_prompt_length, task=task,
-                                        dataset_path=cfg.dataset, prompt_style=cfg.prompt_style)
+    train_set, eval_set = (GSM8KDataset(f"{split}[:{size}]" if size else split, tokenizer, cfg.max_prompt_length,
+                                        dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
                            for split, size in (("train", cfg.train_size), ("test", cfg.eval_size)))
     if len(eval_set) == 0:
         raise UserError(f"no test problems left to evaluate on (all longer than --max-prompt-length "
@@ -873,17 +874,30 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     if len(train_set) < cfg.batch_size * world_size:
         raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
                         f"{world_size} processes")
-    loader = SeededLoader(train_set, cfg.batch_size, cfg.seed, lambda b: collate_prompts(b, tokenizer),
-                          rank=rank, world_size=world_size)
+    # A shuffle that depends only on (seed, epoch), so a resumed run sees the same data. Under torchrun each step's
+    # world_size x batch_size prompts are the ones one process with that batch would see. The loader's own
+    # generator keeps it from drawing on the sampling stream, which a resumed run must continue exactly.
+    sampler = DistributedSampler(train_set, world_size, rank, seed=cfg.seed, drop_last=True)
+    loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(),
+                        collate_fn=lambda b: collate_prompts(b, tokenizer))
 
     print("Setting up optimizer...")
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed)
     optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
+    decay_end = last_step(cfg, loader) if cfg.lr_decay else 0    # --max-steps, or sooner the data's end
+    if cfg.lr_decay and decay_end <= cfg.lr_warmup_steps:
+        raise UserError(f"--lr-decay: the run ends after {decay_end} steps, within --lr-warmup-steps "
+                        f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
-        step, cfg.lr_warmup_steps, cfg.max_steps if cfg.lr_decay else 0))
+        step, cfg.lr_warmup_steps, decay_end))
     run = Run(cfg, run_dir, task, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader, eval_set)
     open_record(run, checkpoint, resume)
     return run
+
+
+def last_step(cfg: Config, loader) -> int:
+    """The step training ends at: --max-steps, or sooner when --num-epochs passes over the data end first."""
+    return min(cfg.max_steps or math.inf, cfg.num_epochs * len(loader))
 
 
 def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
@@ -1013,6 +1027,9 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     for key in ("model_path", "dataset", "output_dir"):     # a shell leaves ~ alone after '=' or inside quotes
         if isinstance(explicit.get(key), str) and explicit[key].startswith("~"):
             explicit[key] = os.path.expanduser(explicit[key])
+    for mode in ("resume", "report"):               # '' is an unset shell variable, not "no --resume"
+        if getattr(args, mode) == "":
+            raise UserError(f"--{mode} needs a RUN_DIR (it is empty)")
     args.resume, args.report = (os.path.expanduser(p) if p else p for p in (args.resume, args.report))
     modes = [name for name in ("demo", "resume", "report") if getattr(args, name)]
     if len(modes) > 1:
@@ -1028,7 +1045,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
             raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
         may_change = RESUME_MAY_CHANGE | {"output_dir"}
         if base.lr_decay:                   # its learning rate was already decayed towards the old last step
-            may_change -= {"max_steps"}
+            may_change -= {"max_steps", "num_epochs"}
         changed = sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k))
         if changed:
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
@@ -1142,7 +1159,7 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
             missing = [run_dir, *(p for p in run_dir.parents if not p.exists())]
             made = [p for p in reversed(missing) if not p.exists()]
             run_dir.mkdir(parents=True, exist_ok=True)
-            lock = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            lock = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -1166,8 +1183,9 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
     finally:
         if lock is not None:
             started = (run_dir / "config.json").exists()
-            if not started:
-                (run_dir / RUN_LOCK).unlink(missing_ok=True)
+            if not started:              # the lock, and a config.json.tmp whose write failed
+                for name in (RUN_LOCK, "config.json.tmp"):
+                    (run_dir / name).unlink(missing_ok=True)
             os.close(lock)
             for folder in reversed(made if not started else []):
                 with contextlib.suppress(OSError):       # not empty: something of the run's own stays
@@ -1187,7 +1205,7 @@ class Run:
     ref_model: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    loader: "SeededLoader"
+    loader: DataLoader
     eval_set: GSM8KDataset
     start: dict = field(default_factory=lambda: {"step": 0, "epoch": 0, "batch_in_epoch": 0})   # continue here
     summary: dict = field(default_factory=dict)
@@ -1215,17 +1233,24 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         if len(state["rng"]) != world_size:
             raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
                             f"(now {world_size}), or the data and samples would not continue where they stopped")
-        load_optimizer_state(run.scorer, run.optimizer, state["optimizer"])
+        if is_sharded(run.scorer):
+            whole_state(run.scorer, run.optimizer, load=state["optimizer"])
+        else:
+            run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"][rank], run.optimizer)
         run.start = {k: state[k] for k in run.start}
-        planned = min(cfg.max_steps or math.inf, cfg.num_epochs * len(run.loader))
-        if run.summary.get("finished") and run.start["step"] >= planned:
-            raise UserError(f"{run_dir} finished after {run.start['step']} steps: pass a larger --max-steps or "
-                            f"--num-epochs to train it further")
+        if run.summary.get("finished") and run.start["step"] >= last_step(cfg, run.loader):
+            raise UserError(f"{run_dir} finished after {run.start['step']} steps: " + (
+                f"its --lr-decay schedule ended there, so it cannot be trained further; start a new run from "
+                f"{run_dir / 'final'}" if cfg.lr_decay else "pass a larger --max-steps or --num-epochs to train "
+                                                          "it further"))
         print(f"Resuming from {checkpoint} (step {run.start['step']})")
         run.t_start -= run.summary.get("wall_seconds", 0.0)
         run.saved_step = run.start["step"]
+    elif resume and run.summary.get("finished"):          # its checkpoints were deleted: never retrain over it
+        raise UserError(f"{run_dir} finished, and it has no checkpoint left to continue from: its trained model is "
+                        f"in {run_dir / 'final'}; start a new run from there to train it further")
     elif resume:
         print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
               file=sys.stderr)
@@ -1267,7 +1292,7 @@ def train_phase(run: Run) -> None:
     """GRPO steps, logged as they finish. The first Ctrl-C stops after the step in flight and checkpoints it."""
     cfg, run_dir = run.cfg, run.run_dir
     print("Starting GRPO training...")
-    metrics_file = open(run_dir / "metrics.jsonl", "a") if is_main() else None
+    metrics_file = open(own_path(run_dir / "metrics.jsonl"), "a") if is_main() else None
 
     def on_step(record: dict) -> None:
         run.last_record = record
@@ -1314,18 +1339,16 @@ def finish_run(run: Run) -> None:
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
     if is_main():
         print_examples(read_jsonl(run_dir / "eval_before.jsonl"), after_records, cfg.show_examples)
-        shutil.rmtree(run_dir / "final.tmp", ignore_errors=True)
-    save_model(run_dir / "final.tmp", run.model, run.tokenizer, run.scorer)
+    replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, run.scorer))
     run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
     if is_main():
-        shutil.rmtree(run_dir / "final", ignore_errors=True)
-        os.replace(run_dir / "final.tmp", run_dir / "final")
         write_jsonl(run_dir / "eval_after.jsonl", after_records)
-        write_json(run_dir / "summary.json", run.summary)
+        write_json(run_dir / "summary.json", {**run.summary, "finished": False})     # the plots read it
         write_plots(run_dir)
         write_before_after(run_dir)
+        write_json(run_dir / "summary.json", run.summary)      # finished only now: a Ctrl-C before resumes
     print(f"Run written to {run_dir}")
 
 
@@ -1333,14 +1356,19 @@ def finish_run(run: Run) -> None:
 # Records and checkpoints: JSON and safetensors, each written whole or not at all
 # ---------------------------------------------------------------------------------------------------------------
 
+def own_path(path: Path, folder: bool = False) -> Path:
+    """`path`, once checked that this run may write or remove it: not a symlink (writing would go through to
+    whatever it points at), and a regular file or a folder as this run makes them, or nothing yet."""
+    if path.is_symlink() or (path.exists() and path.is_dir() != folder):
+        raise UserError(f"{path} is not a {'folder' if folder else 'regular file'} of this run; refusing to write "
+                        f"through it")
+    return path
+
 
 def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(tmp) then rename tmp over `path`: a reader never sees half a file, and only a regular file this
-    run could have written is ever replaced (a symlink or folder in its place is refused, never written through)."""
-    tmp = path.with_name(path.name + ".tmp")
-    for p in (path, tmp):
-        if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise UserError(f"{p} is not a regular file; refusing to write over it")
+    """write(tmp) then rename tmp over `path`: a reader never sees half a file."""
+    tmp = own_path(path.with_name(path.name + ".tmp"))
+    own_path(path)
     tmp.unlink(missing_ok=True)
     write(tmp)
     os.replace(tmp, path)
@@ -1391,7 +1419,7 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, st
               "reward_mean": rollout.rewards.mean().item(),
               "reward_std": rollout.rewards.std().item(),
               "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
-              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped")},
+              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped", "entropy")},
               "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
               "truncated_frac": rollout.truncated.float().mean().item(), "lr": lr,
               "gen_seconds": gen_seconds, "update_seconds": update_seconds,
@@ -1414,31 +1442,23 @@ def _oneline(record: dict) -> str:
     return f"{text[-60:]!r} [{'right' if record['correct'] else 'wrong'}]"
 
 
+def whole_state(scorer, optimizer=None, load: dict | None = None):
+    """Under FSDP: the model's (or optimizer's) state gathered whole on the main process, or `load` spread
+    back over the shards."""
+    from torch.distributed.checkpoint import state_dict as sd
+    options = sd.StateDictOptions(full_state_dict=True, cpu_offload=load is None)
+    if load is not None:
+        return sd.set_optimizer_state_dict(scorer, optimizer, load, options=options)
+    return sd.get_optimizer_state_dict(scorer, optimizer, options=options) if optimizer else \
+        {k.removeprefix("policy."): v for k, v in sd.get_model_state_dict(scorer, options=options).items()}
+
+
 def save_model(path: Path, model, tokenizer, scorer=None) -> None:
     """save_pretrained on the main process; under FSDP the shards are first gathered there."""
-    state = None
-    if is_sharded(scorer):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        full = get_model_state_dict(scorer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        state = {k.removeprefix("policy."): v for k, v in full.items()}
+    state = whole_state(scorer) if is_sharded(scorer) else None
     if is_main():
         model.save_pretrained(path, state_dict=state)
         tokenizer.save_pretrained(path)
-
-
-def optimizer_state(scorer, optimizer) -> dict:
-    """The optimizer's state, whole on the main process (FSDP holds one shard per process)."""
-    if not is_sharded(scorer):
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-    return get_optimizer_state_dict(scorer, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def load_optimizer_state(scorer, optimizer, state: dict) -> None:
-    if not is_sharded(scorer):
-        return optimizer.load_state_dict(state)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    set_optimizer_state_dict(scorer, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def rng_state(optimizer) -> dict:
@@ -1485,28 +1505,38 @@ def from_plain(obj, tensors: dict[str, torch.Tensor]):
 TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 
-def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None) -> Path:
-    """Everything needed to continue bit-for-bit, written to a temp dir and renamed into place.
-
-    Under torchrun every process takes part (FSDP gathers, every process's sampling RNG is kept) and the main
-    process writes. scorer: the policy's PolicyLogprobs as wrapped for the processes.
-    """
-    from safetensors.torch import save_file
-    final = run_dir / "checkpoints" / f"step-{record['step']}"
-    tmp = final.with_name(final.name + ".tmp")
+def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
+    """write(PATH.tmp) then rename it over PATH, as replace_file does for a file. Under torchrun every process
+    takes part in write (FSDP gathers) and the main process renames."""
+    tmp = path.with_name(path.name + ".tmp")
     if is_main():
+        for folder in (path, tmp):
+            own_path(folder, folder=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    save_model(tmp, model, tokenizer, scorer)
-    state = {"optimizer": optimizer_state(scorer, optimizer), "scheduler": scheduler.state_dict(),
-             "step": record["step"], "epoch": record["epoch"], "batch_in_epoch": record["batch_in_epoch"],
-             "rng": gather_objects(rng_state(optimizer))}                                # one per process, by rank
+    write(tmp)
     if is_main():
-        tensors = {}
-        (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
-        save_file(tensors, tmp / TRAINER_STATE[1])
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    return final
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None) -> Path:
+    """Everything needed to continue bit-for-bit: weights, optimizer, schedule, data position and every
+    process's random streams. scorer: the policy's PolicyLogprobs as wrapped for the processes."""
+    from safetensors.torch import save_file
+
+    def write(tmp: Path) -> None:
+        save_model(tmp, model, tokenizer, scorer)
+        state = {"optimizer": whole_state(scorer, optimizer) if is_sharded(scorer) else optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "rng": gather_objects(rng_state(optimizer)),   # by rank
+                 **{k: record[k] for k in ("step", "epoch", "batch_in_epoch")}}
+        if is_main():
+            tensors = {}
+            (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
+            save_file(tensors, tmp / TRAINER_STATE[1])
+
+    path = own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}"
+    replace_folder(path, write)
+    return path
 
 
 def load_trainer_state(checkpoint: Path) -> dict:
@@ -1562,9 +1592,7 @@ def write_plots(run_dir: Path) -> list[Path]:
         return []
     summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     steps = [m["step"] for m in metrics]
-    plots = run_dir / "plots"
-    if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
-        raise UserError(f"{plots} is not a folder of this run; refusing to write plots through it")
+    plots = own_path(run_dir / "plots", folder=True)
     plots.mkdir(exist_ok=True)
     paths = []
 
@@ -1599,6 +1627,9 @@ def write_plots(run_dir: Path) -> list[Path]:
     if "kl_ref" in metrics[0]:
         kl_series.append(("k3 KL to reference", [m["kl_ref"] for m in metrics], "-"))
     figure("clip_kl.png", "Clip fraction and KL", "value", kl_series)
+    entropy = [m.get("entropy") for m in metrics]           # None (a gap) on steps whose update ran no pass
+    figure("entropy.png", "Entropy of the policy on its samples (per completion token)", "nats",
+           [("mean over the completions the update ran", [math.nan if e is None else e for e in entropy], ".-")])
     return paths
 
 
@@ -1611,34 +1642,27 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
     lines = ["# Answers before and after training", "",
              f"Greedy decoding on {len(pairs)} test problems: {sum(b['correct'] for b, _ in pairs)} correct before, "
              f"{sum(a['correct'] for _, a in pairs)} after.", ""]
-    for title, want in (("Wrong before, right after", (False, True)), ("Right before, wrong after", (True, False)),
-                        ("Unchanged", None)):
-        chosen = [(b, a) for b, a in pairs if (want is None and b["correct"] == a["correct"])
-                  or (b["correct"], a["correct"]) == want][:limit]
-        count = sum(1 for b, a in pairs if (b["correct"], a["correct"]) == want) if want else \
-            sum(1 for b, a in pairs if b["correct"] == a["correct"])
-        lines += [f"## {title} ({count})", ""]
-        for b, a in chosen:
-            lines += [f"**Question:** {b['question']}  ", f"**Gold:** {b['gold']}", "",
-                      "| before | after |", "|---|---|",
-                      f"| {_cell(b['completion'])} ({_mark(b)}) | {_cell(a['completion'])} ({_mark(a)}) |", ""]
+
+    def cell(r: dict) -> str:
+        text = (r["completion"] or "").strip().replace("|", "\\|").replace("\n", "<br>")[:1500]
+        return f"{text} (extracted {r['extracted']}, {'right' if r['correct'] else 'wrong'})"
+
+    for title, keep in (("Wrong before, right after", lambda b, a: a["correct"] and not b["correct"]),
+                        ("Right before, wrong after", lambda b, a: b["correct"] and not a["correct"]),
+                        ("Unchanged", lambda b, a: b["correct"] == a["correct"])):
+        chosen = [(b, a) for b, a in pairs if keep(b, a)]
+        lines += [f"## {title} ({len(chosen)})", ""]
+        for b, a in chosen[:limit]:
+            lines += [f"**Question:** {b['question']}  ", f"**Gold:** {b['gold']}", "", "| before | after |",
+                      "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
     path = run_dir / "before_after.md"
     replace_file(path, lambda tmp: tmp.write_text("\n".join(lines)))
     return path
 
 
-def _cell(text: str) -> str:
-    return (text or "").strip().replace("|", "\\|").replace("\n", "<br>")[:1500]
-
-
-def _mark(record: dict) -> str:
-    return f"extracted {record['extracted']}, {'right' if record['correct'] else 'wrong'}"
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Devices, precision and memory: bf16 with stochastic rounding, out-of-memory, the chunked log-prob path
 # ---------------------------------------------------------------------------------------------------------------
-
 
 def pick_device(name: str) -> torch.device:
     if world()[1] > 1 and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
@@ -1791,8 +1815,9 @@ def optimizer_step(model, optimizer) -> None:
         weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
         grads = sum(p.numel() * p.element_size() for p in params) / 2**30
         moments = sum(p.numel() * 8 for p in params) / 2**30
-        card = f" of the GPU's {torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30:.1f}" \
-            if torch.cuda.is_available() else ""
+        card = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30 \
+            if torch.cuda.is_available() else None
+        card = f" of the GPU's {card:.1f}" if card else ""
         raise UserError(f"out of memory in the optimizer step: weights {weights:.1f} GiB + gradients {grads:.1f} GiB + "
                         f"AdamW moments {moments:.1f} GiB (fp32) do not fit beside the rest{card} GiB. Smaller "
                         f"batches do not help here; a smaller model, --dtype bfloat16 if the weights are float32, "
@@ -1831,17 +1856,21 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)        # [tokens]
+        entropy = torch.zeros_like(out)                 # of the sampling distribution, for the metrics only
         for s in range(0, hidden.shape[0], chunk_size):
             logits = (hidden[s:s + chunk_size] @ weight.t()).float().div_(temperature)        # [chunk, vocab]
             out[s:s + chunk_size] = logits.gather(-1, targets[s:s + chunk_size, None])[:, 0] - logits.logsumexp(-1)
+            if with_entropy:
+                entropy[s:s + chunk_size] = token_entropy(logits)
         ctx.save_for_backward(hidden, weight, targets)
+        ctx.mark_non_differentiable(entropy)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        return out
+        return out, entropy
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _):
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -1856,12 +1885,14 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_hidden[rows] = grad_logits @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.t(), h)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
-def token_logprobs(hidden, targets, head_weight, temperature, chunk_size):
-    """[tokens] log-probs of `targets` under the LM head, never holding more than a chunk of logits."""
-    return ChunkedTokenLogprobs.apply(hidden, head_weight, targets, temperature, chunk_size)
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, in fp32: exact at a one-hot (entr(0) is 0,
+    where p * log p would be 0 * -inf) and finite for any finite logits, however large."""
+    p = logits.float().softmax(-1)
+    return torch.special.entr(p, out=p).sum(-1)
 
 
 def prompt_segments(input_ids, attention_mask, start: int):
@@ -2119,34 +2150,6 @@ def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path
     return folder
 
 
-def split_name(name: str, size: int) -> str:
-    return f"{name}[:{size}]" if size else name
-
-
-class SeededLoader:
-    """Shuffled prompt batches whose order depends only on (seed, epoch), so a resumed run sees the same data.
-
-    Under torchrun every process draws the same order and takes its own slice of each step's world_size x
-    batch_size prompts: N processes with batch b see exactly the prompts one process with batch N*b would.
-    """
-
-    def __init__(self, dataset, batch_size, seed, collate_fn, *, rank=0, world_size=1):
-        self.dataset, self.batch_size, self.seed, self.collate_fn, self.epoch = dataset, batch_size, seed, collate_fn, 0
-        self.rank, self.world_size = rank, world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self):
-        return len(self.dataset) // (self.batch_size * self.world_size)
-
-    def __iter__(self):
-        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        step_size = self.batch_size * self.world_size
-        for start in range(self.rank * self.batch_size, len(self) * step_size, step_size):
-            yield self.collate_fn([self.dataset[int(i)] for i in order[start:start + self.batch_size]])
-
-
 COUNTDOWN_INSTRUCTION = ("Using each of the given numbers at most once, with + - * / and parentheses, write an "
                          "equation that equals the target. Think it through, then give only the equation inside "
                          "<answer></answer>, for example <answer>(1 + 2) / 3</answer>.")
@@ -2168,15 +2171,10 @@ def _extract_answer(text):
 def _validate_numbers(equation_str, available_numbers):
     """True if the equation uses only available numbers, each at most once (as many times as it is available)."""
     try:
-        used = [int(n) for n in re.findall(r"\d+", equation_str)]
+        used = collections.Counter(int(n) for n in re.findall(r"\d+", equation_str))
     except (TypeError, ValueError):
         return False
-    pool = list(available_numbers)
-    for n in used:
-        if n not in pool:
-            return False
-        pool.remove(n)
-    return True
+    return not used - collections.Counter(available_numbers)
 
 
 def _evaluate_equation(equation_str):
@@ -2185,37 +2183,28 @@ def _evaluate_equation(equation_str):
     The text is parsed to an AST and walked over an allow-list of node types: nothing is ever evaluated as
     Python, and length, nesting and magnitude are bounded so no input can hang or crash it.
     """
-    if not isinstance(equation_str, str) or len(equation_str) > _MAX_EQUATION_CHARS:
+    if not isinstance(equation_str, str) or len(equation_str) > _MAX_EQUATION_CHARS or "**" in equation_str \
+            or "//" in equation_str or not _ALLOWED_EQUATION.match(equation_str):
         return None
-    if not _ALLOWED_EQUATION.match(equation_str) or "**" in equation_str or "//" in equation_str:
-        return None
-    try:
-        tree = ast.parse(equation_str.strip(), mode="eval")
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
-    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b}
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.UAdd: operator.pos, ast.USub: operator.neg}
 
     def walk(node, depth):
         if depth > _MAX_EQUATION_DEPTH:
             raise ValueError("too deep")
-        if isinstance(node, ast.Expression):
-            return walk(node.body, depth + 1)
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return float(node.value)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-            value = walk(node.operand, depth + 1)
-            return value if isinstance(node.op, ast.UAdd) else -value
+        if isinstance(node, ast.UnaryOp) and type(node.op) in ops:
+            return ops[type(node.op)](walk(node.operand, depth + 1))
         if isinstance(node, ast.BinOp) and type(node.op) in ops:
             value = ops[type(node.op)](walk(node.left, depth + 1), walk(node.right, depth + 1))
-            if not math.isfinite(value) or abs(value) > _MAX_MAGNITUDE:
-                raise ValueError("too large")
-            return value
-        raise ValueError(f"node {type(node).__name__} not allowed")
+            if math.isfinite(value) and abs(value) <= _MAX_MAGNITUDE:
+                return value
+        raise ValueError(f"node {type(node).__name__} not allowed, or too large")
 
     try:
-        return walk(tree, 0)
-    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return walk(ast.parse(equation_str.strip(), mode="eval").body, 1)
+    except (SyntaxError, ValueError, MemoryError, RecursionError, ZeroDivisionError, OverflowError):
         return None
 
 

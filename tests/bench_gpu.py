@@ -10,8 +10,8 @@ same prompts four ways: as the pipeline calls `generate` (dynamic KV cache), wit
 cache plus torch.compile, and with continuous batching (`generate_batch`: paged attention, CUDA graphs on a GPU);
 tokens/s side by side, and whether all four give identical tokens. Last, continuous batching samples at the
 pipeline's temperature and the pipeline scores those samples: the log-probs `generate_batch` reports must agree
-with the pipeline scorer's (completion_logprobs) within the sampler-agreement test's tolerance (2e-4), or its samples would not
-be the distribution the loss assumes.
+with the pipeline scorer's (completion_logprobs) within the sampler-agreement test's tolerance (2e-4), or its
+samples would not be the distribution the loss assumes.
 
 A random model almost never samples EOS, so every completion runs to --max-new-tokens: the worst case.
 
@@ -227,8 +227,9 @@ def main(argv=None):
     print("greedy generation, new tokens/s: " + ", ".join(f"{k} {v:.0f}" for k, v in g["tok_s"].items()) +
           f"; identical tokens: {all(g['identical'].values())}" +
           "".join(f" ({k} differs)" for k, same in g["identical"].items() if not same))
+    gap = g["logprob_gap"]
     print(f"continuous batching sampled at temperature {cfg.temperature}: its log-probs vs the pipeline's, max "
-          f"|difference| {g['logprob_gap']:.1e}; agree within {AGREEMENT_ATOL:.0e}: {g['logprob_gap'] <= AGREEMENT_ATOL}")
+          f"|difference| {gap:.1e}; agree within {AGREEMENT_ATOL:.0e}: {gap <= AGREEMENT_ATOL}")
 
 
 if __name__ == "__main__":

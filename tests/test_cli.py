@@ -43,8 +43,9 @@ def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
     assert [m["step"] for m in metrics] == [1, 2]
     for key in ("reward_mean", "reward_std", "zero_spread_frac", "loss", "clipfrac", "approx_kl", "kl_ref",
                 "completion_len_mean", "completion_len_max", "truncated_frac", "grad_norm", "lr", "gen_seconds",
-                "update_seconds", "tokens_per_s"):
+                "update_seconds", "tokens_per_s", "entropy"):
         assert key in metrics[0], key
+    assert all(m["entropy"] is None or 0 < m["entropy"] < 6 for m in metrics)     # nats; a 300-token vocabulary
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
     assert summary["steps"] == 2 and summary["wall_seconds"] > 0 and summary["finished"]
@@ -54,7 +55,8 @@ def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
         records = [json.loads(line) for line in (out / name).read_text().splitlines()]
         assert len(records) == 4 and {"question", "gold", "completion", "extracted", "correct"} <= set(records[0])
     assert (out / "before_after.md").read_text().startswith("# Answers before and after training")
-    assert all((out / "plots" / p).stat().st_size > 1000 for p in ("reward.png", "length.png", "clip_kl.png"))
+    assert all((out / "plots" / p).stat().st_size > 1000 for p in ("reward.png", "length.png", "clip_kl.png",
+                                                                       "entropy.png"))
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     final = AutoModelForCausalLM.from_pretrained(out / "final")

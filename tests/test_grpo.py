@@ -176,6 +176,36 @@ def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_an
         assert torch.allclose(g, p.grad, atol=1e-5)
 
 
+@pytest.mark.parametrize("logits", [
+    [[0.3, -1.2, 2.0, 0.0]],                                  # ordinary
+    [[1e4, 0.0, 0.0, 0.0]],                                   # one-hot in all but name
+    [[5.0, 5.0, 5.0, 5.0], [-7.0, -7.0, -7.0, -7.0]],         # uniform: log 4
+    [[3e38, -3e38, 0.0, 1e38], [1e30, 1e30, -1e30, -1e30]],   # magnitudes near fp32's limit
+])
+def test_token_entropy_equals_a_slow_reference_even_at_extremes(logits):
+    def reference(row):                                       # float64, one term at a time
+        top = max(row)
+        weights = [math.exp(x - top) for x in row]
+        return -sum(w / sum(weights) * math.log(w / sum(weights)) for w in weights if w > 0)
+    got = gh.token_entropy(torch.tensor(logits))
+    assert torch.isfinite(got).all() and got.dtype == torch.float32
+    assert got.tolist() == pytest.approx([reference(row) for row in logits], abs=1e-6)
+
+
+def test_entropy_from_the_chunked_pass_is_the_sampling_distributions(model_and_tokenizer):
+    """Every completion position's entropy of softmax(logits / T), as the full logits give it, without gradient."""
+    model, tok = model_and_tokenizer
+    batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
+    ids, mask, P = batch["input_ids"], batch["attention_mask"], 8
+    logprobs, entropy = gh.completion_logprobs(model, ids, mask, P, temperature=0.7, chunk_size=3, with_entropy=True)
+    assert logprobs.requires_grad and not entropy.requires_grad and (entropy[:, :P] == 0).all()
+    with torch.no_grad():
+        logits = model(**batch, position_ids=gh.position_ids_from_mask(mask)).logits.float() / 0.7
+    p = logits.softmax(-1)
+    expected = -(p * p.log()).sum(-1)[:, P - 1:-1]              # position t-1 predicts token t
+    assert torch.allclose(entropy[:, P:], expected, atol=1e-5)
+
+
 def _grouped_rollout(tok, prompts, group, completion_len, seed=0):
     """Rows laid out as GRPO groups: left-padded prompts, random completions of differing lengths, padding
     (mask 0) after each one's end."""
@@ -436,6 +466,7 @@ def test_a_step_without_signal_runs_no_pass_and_still_takes_the_optimizer_step(m
     stats = gh.grpo_update(model, optimizer, silent, cfg)
     hook.remove()
     assert rows_seen == [] and stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
+    assert stats["entropy"] is None                                # not measured: logged as absent, not as 0
     assert any(not torch.equal(p, s) for p, s in zip(model.parameters(), start))
     assert all(torch.equal(p, e) for p, e in zip(model.parameters(), expected))
 

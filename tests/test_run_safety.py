@@ -458,6 +458,90 @@ def test_report_never_writes_through_a_symlink_and_names_damage(run_copy, tmp_pa
     assert code == 2 and "damaged" in err
 
 
+# ----- the second hostile review -----
+
+def test_no_path_a_run_writes_is_written_through_a_symlink(run_copy, tmp_path, capsys):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    (run_copy / "final.tmp").symlink_to(victim)
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and "final.tmp is not a folder of this run" in err
+    assert [p.name for p in victim.iterdir()] == ["keep.txt"] and (victim / "keep.txt").read_text() == "mine"
+    (run_copy / "final.tmp").unlink()
+    (run_copy / "checkpoints" / "step-4.tmp").symlink_to(victim)
+    code, err = main_err(["--resume", run_copy, "--max-steps", "4"], capsys)
+    assert code == 2 and "step-4.tmp is not a folder of this run" in err and len(list(victim.iterdir())) == 1
+    (run_copy / "checkpoints" / "step-4.tmp").unlink()
+    (run_copy / "run.lock").unlink()
+    (run_copy / "run.lock").symlink_to(tmp_path / "created-by-the-lock")
+    code, err = main_err(["--resume", run_copy, "--max-steps", "5"], capsys)
+    assert code == 2 and "cannot use --output-dir" in err and not (tmp_path / "created-by-the-lock").exists()
+
+
+def test_a_finished_run_whose_checkpoints_were_deleted_is_never_retrained_over(run_copy, capsys):
+    shutil.rmtree(run_copy / "checkpoints")
+    before = {name: (run_copy / name).read_bytes() for name in ("metrics.jsonl", "summary.json")}
+    final = (run_copy / "final" / "model.safetensors").read_bytes()
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and "no checkpoint left" in err and str(run_copy / "final") in err
+    assert {name: (run_copy / name).read_bytes() for name in before} == before
+    assert (run_copy / "final" / "model.safetensors").read_bytes() == final
+
+
+def test_lr_decay_ends_at_the_data_s_end_when_that_comes_before_max_steps(model_dir, gsm8k_dir, tmp_path, capsys):
+    out = tmp_path / "run"                            # 8 problems / batch 2 = 4 steps, well before --max-steps 200
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--lr-decay")) == 0
+    lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([1e-3, 1e-3 * 3 / 4, 1e-3 / 2, 1e-3 / 4])
+    code, err = main_err(["--resume", out, "--num-epochs", "2"], capsys)
+    assert code == 2 and "--resume cannot change --num-epochs" in err
+    code, err = main_err(["--resume", out], capsys)
+    assert code == 2 and "--lr-decay schedule ended there" in err and "--max-steps" not in err
+
+
+def test_an_empty_run_dir_is_refused_not_read_as_no_resume(model_dir, tmp_path, capsys):
+    for args in (["--resume", ""], ["--resume", "", model_dir, "--output-dir", tmp_path / "new"], ["--report", ""]):
+        code, err = main_err(args, capsys)
+        assert code == 2 and "needs a RUN_DIR (it is empty)" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_ctrl_c_before_the_record_is_complete_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path,
+                                                                                 capsys, monkeypatch):
+    out = tmp_path / "run"
+    real = gh.write_before_after
+    monkeypatch.setattr(gh, "write_before_after", lambda run_dir: (_ for _ in ()).throw(KeyboardInterrupt))
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
+    assert code == 2 and f"--resume {out}" in err
+    assert json.loads((out / "summary.json").read_text())["finished"] is False
+    monkeypatch.setattr(gh, "write_before_after", real)
+    assert gh.main(["--resume", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["finished"] and (out / "before_after.md").exists()
+
+
+def test_a_failed_first_write_of_the_config_leaves_nothing_behind(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    out = tmp_path / "run"
+    real = os.replace
+
+    def disk_full_for_the_config(src, dst):
+        if str(dst).endswith("config.json"):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+    monkeypatch.setattr(os, "replace", disk_full_for_the_config)
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
+    assert code == 2 and "run the same command again" in err and not out.exists()
+
+
+def test_an_interrupted_torchrun_run_names_the_torchrun_command(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(gh, "world", lambda: (0, 2))
+    monkeypatch.setattr(gh, "prepare_run", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(gh.UserError, match=f"resume with: torchrun --nproc_per_node=2 .* --resume {tmp_path}"):
+        gh.run_phases(gh.Config(), tmp_path, resume=True)
+
+
 # ----- extraction: a number is a whole token -----
 
 @pytest.mark.parametrize("text, number", [("#### 1,2,3", None), ("#### 3/4", None), ("#### 1e309", None),
