@@ -973,8 +973,12 @@ def validate_config(cfg: Config) -> None:
             raise UserError(message)
 
     for f in dataclasses.fields(Config):     # nan and inf pass every comparison below, or fail it silently
-        if isinstance(f.default, float):
-            require(math.isfinite(getattr(cfg, f.name)), f"{flag_name(f.name)} must be a finite number")
+        value = getattr(cfg, f.name)
+        if isinstance(f.default, float):      # the run computes in float32: 1e300 would be inf there
+            require(math.isfinite(value) and abs(value) <= torch.finfo(torch.float32).max,
+                    f"{flag_name(f.name)} must be a finite number (in float32: at most 3.4e38)")
+        elif type(f.default) is int:
+            require(abs(value) < 2**63, f"{flag_name(f.name)} is too large (at most 2**63 - 1)")
     require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
     require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
     require(cfg.temperature > 0, "--temperature must be positive for training (sampling and log-probs divide by it)")
@@ -995,6 +999,8 @@ def validate_config(cfg: Config) -> None:
                                                       "(decoupled decay multiplies the weights by 1 - lr * wd)")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
     require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
+    require(cfg.task != "gsm8k" or cfg.dataset.strip() != "", "--task gsm8k has no generated problems: pass --dataset "
+                                                              "(a folder with GSM8K in hub layout, or a hub id)")
 
 
 # Flags a resumed run may change: how it runs, not what it learns. Any other change would make one run's
@@ -1006,6 +1012,8 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "sho
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
+    if (run_dir / "config.json").is_file() and not is_run_dir(run_dir):
+        read_json(run_dir / "config.json")                  # a damaged record says so, not "not a run directory"
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
     saved = read_json(run_dir / "config.json")["config"]
@@ -1386,7 +1394,7 @@ def read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
+        raise UserError(f"cannot read {path} (damaged?): {e}") from None
     if not isinstance(value, dict):
         raise UserError(f"cannot read {path}: not a JSON object")
     return value
@@ -2130,7 +2138,8 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
     unparsed = [i for i, g in enumerate(golds) if g is None]
     if len(unparsed) > MAX_UNPARSED_GOLD_FRACTION * len(golds):
         raise UserError(f"{where}: {len(unparsed)} of {len(golds)} gold answers give no number (first at row "
-                        f"{unparsed[0]}: {rows[unparsed[0]]!r:.80}); GSM8K answers end in '#### <number>'")
+                        f"{unparsed[0]}: {rows[unparsed[0]]!r:.80}); " + ("Countdown needs whole-number nums and a "
+                        "numeric target" if task.name == "countdown" else "GSM8K answers end in '#### <number>'"))
     if unparsed:
         print(f"warning: {where}: dropped {len(unparsed)} of {len(golds)} problems whose gold answer gives no "
               f"number", file=sys.stderr)
@@ -2219,6 +2228,15 @@ def reward_fn(generated_text, ground_truth):
     return 1.0 if value is not None and abs(value - ground_truth["target"]) < 1e-6 else 0.1
 
 
+def countdown_gold(numbers, target) -> dict | None:
+    """reward_fn's ground truth, or None unless the numbers are whole numbers and the target a number ("3" is
+    text: no equation could ever match it, and every right answer would score 0.1)."""
+    if not isinstance(numbers, list) or not numbers or any(type(n) is not int for n in numbers) or \
+            type(target) not in (int, float) or not math.isfinite(target):
+        return None
+    return {"numbers": numbers, "target": target}
+
+
 def countdown_problems(n: int, seed: int) -> list[dict]:
     """Countdown problems solvable by construction: the target is a random expression of the numbers."""
     rng = random.Random(seed)
@@ -2281,7 +2299,11 @@ def generated_or_loaded(make: Callable[[str, int], list[dict]]):
         match = re.fullmatch(r"(\w+)(?:\[:(\d+)\])?", split)
         if not match:
             raise UserError(f"generated problems take a split like 'train' or 'test[:100]', not {split!r}")
-        return make(match.group(1), int(match.group(2) or 0))
+        rows = make(match.group(1), int(match.group(2) or 0))
+        if match.group(2) and len(rows) < int(match.group(2)):
+            raise UserError(f"there are only {len(rows)} generated {match.group(1)} problems (lower --train-size / "
+                            f"--eval-size)")
+        return rows
     return load
 
 
@@ -2305,10 +2327,9 @@ TASKS = {
     "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
                       generated_or_loaded(lambda split, size: countdown_problems(size or 1000,
                                                                                  seed=0 if split == "train" else 1)),
-                      lambda row: f"Using the numbers {list(row.get('nums') or row['numbers'])}, create an equation "
+                      lambda row: f"Using the numbers {row.get('nums', row.get('numbers'))}, create an equation "
                                   f"that equals {row['target']}.",
-                      lambda row: {"numbers": list(row.get("nums") or row["numbers"]), "target": row["target"]},
-                      reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer,
+                      lambda row: countdown_gold(row.get("nums", row.get("numbers")), row["target"]), reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer,
                       (("nums", "numbers"), ("target",))),
 }
 

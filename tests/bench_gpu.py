@@ -128,16 +128,27 @@ def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device
     return out
 
 
-def continuous_batching(model, rows: torch.Tensor, config) -> tuple[torch.Tensor, list[list[float]]]:
-    """`generate_batch` on unpadded prompts: new tokens [rows, new] (PAD after an early EOS) and their log-probs."""
+def continuous_batching(model, rows: torch.Tensor, config) -> tuple[torch.Tensor, list[list[float]], float]:
+    """Continuous batching on unpadded prompts: new tokens [rows, new] (PAD after an early EOS), their log-probs,
+    and the seconds from submitting the prompts to the last result. What `generate_batch` does, with the
+    manager's start and its stop (which waits up to 5 s for its thread) left out of the time."""
     from transformers import ContinuousBatchingConfig
-    with gh.inference_mode(model):
-        out = model.generate_batch(rows.tolist(), generation_config=config, progress_bar=False,
-                                   continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True))
-    ordered = [out[key] for key in sorted(out, key=lambda k: int(k.rsplit("_", 1)[1]))]      # req_0, req_1, ...
+    with gh.inference_mode(model), model.continuous_batching_context_manager(
+            generation_config=config, block=False,
+            continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True)) as manager:
+        sync(rows.device)
+        t0 = time.perf_counter()
+        ids = manager.add_requests(inputs=rows.tolist(), max_new_tokens=config.max_new_tokens)
+        results = {}
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                results[result.request_id] = result
+        seconds = time.perf_counter() - t0
+    ordered = [results[i] for i in ids]
     width = max(len(o.generated_tokens) for o in ordered)
     tokens = torch.tensor([o.generated_tokens + [PAD] * (width - len(o.generated_tokens)) for o in ordered])
-    return tokens.to(rows.device), [o.logprobs for o in ordered]
+    return tokens.to(rows.device), [o.logprobs for o in ordered], seconds
 
 
 def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> dict:
@@ -164,7 +175,7 @@ def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> d
                 out = gh.generate_completions(model, tokenizer, rows, mask, cfg.max_new_tokens, temperature=0.0,
                                               num_samples=1)["output_ids"][:, rows.shape[1]:]
             elif extra == "generate_batch":
-                out = continuous_batching(model, rows, config)[0]
+                out, _, cb_seconds = continuous_batching(model, rows, config)
             else:
                 way = copy.deepcopy(config)
                 for key, value in extra.items():
@@ -172,14 +183,14 @@ def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> d
                 with gh.inference_mode(model):
                     out = model.generate(input_ids=rows, attention_mask=mask, generation_config=way)[:, rows.shape[1]:]
             sync(device)
-            seconds = time.perf_counter() - t0
+            seconds = cb_seconds if extra == "generate_batch" else time.perf_counter() - t0
         tokens[name] = out
         results[name] = out.numel() / seconds
     first = next(iter(tokens.values()))
     identical = {name: t.shape == first.shape and torch.equal(t, first) for name, t in tokens.items()}
 
     sampling = gh.sampling_config(cfg.temperature, cfg.max_new_tokens, [EOS, PAD], PAD)
-    new, reported = continuous_batching(model, rows, sampling)
+    new, reported, _ = continuous_batching(model, rows, sampling)
     full = torch.cat([rows, new], 1)
     with gh.inference_mode(model):
         scored = gh.completion_logprobs(model, full, torch.ones_like(full), temperature=cfg.temperature,

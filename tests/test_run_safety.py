@@ -366,8 +366,8 @@ def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, 
     saved = json.loads((run_copy / "config.json").read_text())
     (run_copy / "config.json").write_text(json.dumps({**saved, "config": {**saved["config"], "new_knob": 1}}))
     assert "unknown setting" in main_err(["--resume", run_copy], capsys)[1]
-    (run_copy / "config.json").write_text("{torn")
-    assert "not a run directory" in main_err(["--resume", run_copy], capsys)[1]
+    (run_copy / "config.json").write_text("{torn")       # damaged, and said so (#24: not "not a run directory")
+    assert "config.json (damaged?)" in main_err(["--resume", run_copy], capsys)[1]
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2"), capsys)
@@ -398,15 +398,19 @@ def test_resume_refuses_flags_that_change_what_the_run_learns(run_copy, capsys):
     assert (run_copy / "config.json").read_text() == config
 
 
-def test_lr_decay_follows_its_line_to_max_steps_and_resume_cannot_move_its_end(model_dir, gsm8k_dir, tmp_path,
-                                                                             capsys):
+def test_lr_decay_follows_its_line_to_the_last_step_and_resume_cannot_move_its_end(model_dir, gsm8k_dir, tmp_path,
+                                                                                  capsys):
+    """The last step is the data's end (8 problems / batch 2 = 4 steps), well before --max-steps 200."""
     out = tmp_path / "run"
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "4", "--lr-warmup-steps", "1",
-                             "--lr-decay")) == 0
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--lr-warmup-steps", "1", "--lr-decay")) == 0
     lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert lrs == pytest.approx([1e-3, 1e-3, 1e-3 * 2 / 3, 1e-3 / 3])      # tiny_args trains at lr 1e-3
     code, err = main_err(["--resume", out, "--max-steps", "6"], capsys)
     assert code == 2 and "--resume cannot change --max-steps" in err
+    code, err = main_err(["--resume", out, "--num-epochs", "2"], capsys)
+    assert code == 2 and "--resume cannot change --num-epochs" in err
+    code, err = main_err(["--resume", out], capsys)
+    assert code == 2 and "--lr-decay schedule ended there" in err and "--max-steps" not in err
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2", "--max-steps", "0", "--lr-decay"), capsys)
     assert code == 2 and "--lr-decay needs --max-steps" in err and not (tmp_path / "r2").exists()
 
@@ -489,17 +493,6 @@ def test_a_finished_run_whose_checkpoints_were_deleted_is_never_retrained_over(r
     assert (run_copy / "final" / "model.safetensors").read_bytes() == final
 
 
-def test_lr_decay_ends_at_the_data_s_end_when_that_comes_before_max_steps(model_dir, gsm8k_dir, tmp_path, capsys):
-    out = tmp_path / "run"                            # 8 problems / batch 2 = 4 steps, well before --max-steps 200
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--lr-decay")) == 0
-    lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert lrs == pytest.approx([1e-3, 1e-3 * 3 / 4, 1e-3 / 2, 1e-3 / 4])
-    code, err = main_err(["--resume", out, "--num-epochs", "2"], capsys)
-    assert code == 2 and "--resume cannot change --num-epochs" in err
-    code, err = main_err(["--resume", out], capsys)
-    assert code == 2 and "--lr-decay schedule ended there" in err and "--max-steps" not in err
-
-
 def test_an_empty_run_dir_is_refused_not_read_as_no_resume(model_dir, tmp_path, capsys):
     for args in (["--resume", ""], ["--resume", "", model_dir, "--output-dir", tmp_path / "new"], ["--report", ""]):
         code, err = main_err(args, capsys)
@@ -540,6 +533,34 @@ def test_an_interrupted_torchrun_run_names_the_torchrun_command(tmp_path, monkey
     monkeypatch.setattr(gh, "prepare_run", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(gh.UserError, match=f"resume with: torchrun --nproc_per_node=2 .* --resume {tmp_path}"):
         gh.run_phases(gh.Config(), tmp_path, resume=True)
+
+
+@pytest.mark.parametrize("rows", [
+    [{"nums": ["1", "2", "3"], "target": 6}] * 8,             # numbers as text: no equation could ever score 1
+    [{"nums": [1, 2, 3], "target": "6"}] * 8,
+    [{"nums": [], "target": 6}] * 8,
+])
+def test_countdown_data_that_cannot_score_is_refused_before_anything_is_written(model_dir, tmp_path, capsys, rows):
+    data = gh.write_hub_dataset(tmp_path / "data", {"train": rows, "test": rows[:4]})
+    code, err = main_err([model_dir, "--task", "countdown", "--dataset", data, "--output-dir", tmp_path / "run",
+                          "--device", "cpu"], capsys)
+    assert code == 2 and "give no number" in err and "Countdown needs whole-number nums" in err
+    assert not (tmp_path / "run").exists()
+    assert gh.reward_fn("<answer>1 + 2 + 3</answer>", gh.countdown_gold([1, 2, 3], 6)) == 1.0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--advantage-eps", "1e300"], "--advantage-eps must be a finite number (in float32"),
+    (["--format-reward", "1e39"], "--format-reward must be a finite number (in float32"),
+    (["--group-size", str(2**64)], "--group-size is too large"),
+    (["--dataset", ""], "--task gsm8k has no generated problems: pass --dataset"),
+    (["--task", "arithmetic", "--train-size", "2001"], "only 2000 generated train problems"),
+    (["--task", "two-step", "--eval-size", "201"], "only 200 generated test problems"),
+])
+def test_values_that_overflow_or_ask_for_missing_data_are_one_line(model_dir, tmp_path, capsys, flags, message):
+    code, err = main_err([model_dir, "--output-dir", tmp_path / "run", "--device", "cpu", *flags], capsys)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "run").exists()
 
 
 # ----- extraction: a number is a whole token -----
