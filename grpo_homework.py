@@ -837,8 +837,9 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
                           ("the final evaluation and save", finish_run)):
             do(run)
         return run.summary
-    except (KeyboardInterrupt, OSError) as e:
-        cause = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e})"
+    except (KeyboardInterrupt, OSError, RuntimeError, ValueError) as e:     # a failure of any kind: one line
+        cause = "interrupted" if isinstance(e, KeyboardInterrupt) else \
+            f"failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
         if not (run_dir / "config.json").exists():
             raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
         launch = f"torchrun --nproc_per_node={world()[1]}" if world()[1] > 1 else "python"
@@ -979,9 +980,13 @@ def validate_config(cfg: Config) -> None:
                     f"{flag_name(f.name)} must be a finite number (in float32: at most 3.4e38)")
         elif type(f.default) is int:
             require(abs(value) < 2**63, f"{flag_name(f.name)} is too large (at most 2**63 - 1)")
+        if "choices" in f.metadata:         # argparse checks the command line; this checks a saved config too
+            require(value in f.metadata["choices"], f"{flag_name(f.name)} must be one of "
+                                                    f"{', '.join(f.metadata['choices'])} (not {value!r})")
     require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
     require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
-    require(cfg.temperature > 0, "--temperature must be positive for training (sampling and log-probs divide by it)")
+    require(cfg.temperature >= 1e-3, "--temperature must be at least 0.001 for training (sampling and log-probs "
+                                     "divide the logits by it)")
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
                  "ppo_epochs", "logprob_chunk_size", "max_prompt_length", "learning_rate", "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
@@ -1265,7 +1270,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     if is_main():
         if resume:
             write_jsonl(run_dir / "metrics.jsonl",
-                        [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= run.start["step"]])
+                        [m for m in read_jsonl(run_dir / "metrics.jsonl", key="step") if m["step"] <= run.start["step"]])
         write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
                                              "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                                                           "transformers": transformers.__version__}})
@@ -1400,19 +1405,27 @@ def read_json(path: Path) -> dict:
     return value
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a torn last line (the process died mid-write) is dropped with a warning."""
+def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
+    """Rows of a JSON-lines record, each an object (with a whole number under `key` when given). A torn last line
+    (the process died mid-write) is dropped with a warning; any other damage is one UserError."""
     if not path.exists():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path} (damaged?): {e}") from None
     rows = []
     for i, line in enumerate(lines):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError:
             if i < len(lines) - 1:
                 raise UserError(f"{path} line {i + 1} is not JSON: the run record is damaged") from None
             print(f"warning: {path}: ignoring a half-written last line", file=sys.stderr)
+            continue
+        if not isinstance(row, dict) or (key and not (type(row.get(key)) is int and 0 <= row[key] < 2**63)):
+            raise UserError(f"{path} line {i + 1} is not a {key or 'JSON'} record: the run record is damaged")
+        rows.append(row)
     return rows
 
 
@@ -1555,6 +1568,10 @@ def load_trainer_state(checkpoint: Path) -> dict:
                            load_file(checkpoint / TRAINER_STATE[1]))
         if not {"optimizer", "scheduler", "step", "epoch", "batch_in_epoch", "rng"} <= set(state):
             raise ValueError("keys are missing")
+        if any(type(state[k]) is not int or state[k] < 0 for k in ("step", "epoch", "batch_in_epoch")) or \
+                not {"state", "param_groups"} <= set(dict(state["optimizer"])) or not state["rng"] or \
+                any(not {"python", "torch", "cuda"} <= set(dict(r)) for r in state["rng"]):
+            raise ValueError("a value has the wrong type or range (edited by hand?)")
     except Exception as e:      # any damage at all (truncated, edited, absent) means the same to the user
         raise UserError(f"cannot read checkpoint {checkpoint / TRAINER_STATE[0]} + {TRAINER_STATE[1]}: "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
@@ -1595,7 +1612,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl", key="step")
     if not metrics:
         return []
     summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}

@@ -563,6 +563,48 @@ def test_values_that_overflow_or_ask_for_missing_data_are_one_line(model_dir, tm
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("line", [b"{}", b"null", b'{"step": "1"}', b'{"step": -1}', b"\xff\xfe not text"])
+def test_a_metrics_row_that_is_not_a_step_record_is_one_line_on_resume(run_copy, capsys, line):
+    metrics = run_copy / "metrics.jsonl"
+    metrics.write_bytes(line + b"\n" + metrics.read_bytes())
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and "metrics.jsonl" in err and ("not a step record" in err or "damaged" in err), err
+
+
+@pytest.mark.parametrize("key, value", [("step", "abc"), ("step", -5), ("optimizer", {"items": []}),
+                                        ("rng", [{"items": []}])])
+def test_a_hand_edited_trainer_state_is_one_line(run_copy, capsys, key, value):
+    path = run_copy / "checkpoints" / "step-2" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    state["items"] = [[k, value if k == key else v] for k, v in state["items"]]
+    path.write_text(json.dumps(state))
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and "cannot read checkpoint" in err
+    assert json.loads((run_copy / "summary.json").read_text())["steps"] == 2       # nothing was replaced
+
+
+@pytest.mark.parametrize("field, value", [("task", "chess"), ("dtype", "float8"), ("advantage", "ppo")])
+def test_a_saved_config_is_validated_like_the_command_line(run_copy, capsys, field, value):
+    saved = json.loads((run_copy / "config.json").read_text())
+    saved["config"][field] = value
+    (run_copy / "config.json").write_text(json.dumps(saved))
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and f"must be one of" in err and repr(value) in err
+
+
+def test_a_failure_that_is_not_an_os_error_is_one_line_with_the_resume_command(model_dir, gsm8k_dir, tmp_path,
+                                                                                capsys, monkeypatch):
+    out = tmp_path / "run"
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--temperature", "1e-300"), capsys)
+    assert code == 2 and "--temperature must be at least 0.001" in err and not out.exists()
+
+    def sampling_fails(*args, **kwargs):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    monkeypatch.setattr(gh, "collect_rollout", sampling_fails)
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
+    assert code == 2 and "failed (probability tensor" in err and f"during training; resume with" in err
+
+
 # ----- extraction: a number is a whole token -----
 
 @pytest.mark.parametrize("text, number", [("#### 1,2,3", None), ("#### 3/4", None), ("#### 1e309", None),
