@@ -1270,7 +1270,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     if is_main():
         if resume:
             write_jsonl(run_dir / "metrics.jsonl",
-                        [m for m in read_jsonl(run_dir / "metrics.jsonl", key="step") if m["step"] <= run.start["step"]])
+                        [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
         write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
                                              "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                                                           "transformers": transformers.__version__}})
@@ -2346,7 +2346,8 @@ TASKS = {
                                                                                  seed=0 if split == "train" else 1)),
                       lambda row: f"Using the numbers {row.get('nums', row.get('numbers'))}, create an equation "
                                   f"that equals {row['target']}.",
-                      lambda row: countdown_gold(row.get("nums", row.get("numbers")), row["target"]), reward_fn, lambda text: _extract_answer(text) is not None, _extract_answer,
+                      lambda row: countdown_gold(row.get("nums", row.get("numbers")), row["target"]), reward_fn,
+                      lambda text: _extract_answer(text) is not None, _extract_answer,
                       (("nums", "numbers"), ("target",))),
 }
 
