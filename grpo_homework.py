@@ -837,7 +837,9 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
                           ("the final evaluation and save", finish_run)):
             do(run)
         return run.summary
-    except (KeyboardInterrupt, OSError, RuntimeError, ValueError) as e:     # a failure of any kind: one line
+    except UserError:
+        raise
+    except (KeyboardInterrupt, Exception) as e:      # any failure (a full disk in safetensors, NaN sampling): one line
         cause = "interrupted" if isinstance(e, KeyboardInterrupt) else \
             f"failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
         if not (run_dir / "config.json").exists():
@@ -1004,6 +1006,13 @@ def validate_config(cfg: Config) -> None:
                                                       "(decoupled decay multiplies the weights by 1 - lr * wd)")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
     require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
+    try:                       # tokenizers writes by name and needs UTF-8; checkpoints add ~80 characters
+        out = os.path.abspath(os.path.expanduser(cfg.output_dir)).encode()
+    except UnicodeEncodeError:
+        raise UserError("--output-dir must be a UTF-8 path (the tokenizer's files cannot be written elsewhere)") \
+            from None
+    require(len(out) < 3900 and max(map(len, out.split(b"/"))) < 200, "--output-dir is too long for the files a "
+                                                                        "run writes inside it")
     require(cfg.task != "gsm8k" or cfg.dataset.strip() != "", "--task gsm8k has no generated problems: pass --dataset "
                                                               "(a folder with GSM8K in hub layout, or a hub id)")
 

@@ -556,11 +556,15 @@ def test_countdown_data_that_cannot_score_is_refused_before_anything_is_written(
     (["--dataset", ""], "--task gsm8k has no generated problems: pass --dataset"),
     (["--task", "arithmetic", "--train-size", "2001"], "only 2000 generated train problems"),
     (["--task", "two-step", "--eval-size", "201"], "only 200 generated test problems"),
+    (["--output-dir", "{tmp}/" + os.fsdecode(b"run-\xff")], "--output-dir must be a UTF-8 path"),
+    (["--output-dir", "{tmp}/" + "d" * 250 + "/run"], "--output-dir is too long"),
+    (["--output-dir", "{tmp}/" + "/".join(["d" * 150] * 26)], "--output-dir is too long"),
 ])
 def test_values_that_overflow_or_ask_for_missing_data_are_one_line(model_dir, tmp_path, capsys, flags, message):
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     code, err = main_err([model_dir, "--output-dir", tmp_path / "run", "--device", "cpu", *flags], capsys)
     assert code == 2 and message in err, err
-    assert not (tmp_path / "run").exists()
+    assert not list(tmp_path.iterdir())                                     # nothing was made
 
 
 @pytest.mark.parametrize("line", [b"{}", b"null", b'{"step": "1"}', b'{"step": -1}', b"\xff\xfe not text"])
@@ -603,6 +607,17 @@ def test_a_failure_that_is_not_an_os_error_is_one_line_with_the_resume_command(m
     monkeypatch.setattr(gh, "collect_rollout", sampling_fails)
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
     assert code == 2 and "failed (probability tensor" in err and f"during training; resume with" in err
+
+
+def test_a_failure_of_a_library_s_own_kind_while_saving_is_one_line_with_the_resume_command(
+        model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch):
+    class SafetensorError(Exception):                 # safetensors' own error on a full disk is no OSError
+        pass
+    out = tmp_path / "run"
+    monkeypatch.setattr(gh, "save_model", lambda *a, **k: (_ for _ in ()).throw(SafetensorError("No space left")))
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
+    assert code == 2 and "failed (No space left) during the final evaluation and save" in err
+    assert f"--resume {out}" in err
 
 
 # ----- extraction: a number is a whole token -----
