@@ -644,9 +644,8 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
             with gradient_sync(scorer, enabled=i == len(chunks) - 1):
                 mask = rollout.loss_mask[rows, :used]
                 logprobs, entropy = micro_batch_logprobs(scorer, rollout, rows, used, cfg, True)  # [rows, used]
-                if epoch == 0:
-                    entropy_sum += entropy[mask].sum().item()
-                    entropy_tokens += mask.sum().item()
+                if epoch == 0:                  # tensors: no device sync per micro-batch
+                    entropy_sum, entropy_tokens = entropy_sum + entropy[mask].sum(), entropy_tokens + mask.sum()
                 old_lp = logprobs.detach() if old is None else old[rows, :used]
                 loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device),
                                                      mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
@@ -677,7 +676,8 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
         stats["grad_norm"] += grad_norm / cfg.ppo_epochs
     optimizer.zero_grad(set_to_none=True)
     keys = ("clipfrac", "approx_kl", "kl_ref")
-    *averaged, entropy_sum, entropy_tokens = all_reduce(*(stats[k] for k in keys), entropy_sum, entropy_tokens)
+    *averaged, entropy_sum, entropy_tokens = all_reduce(*(stats[k] for k in keys), float(entropy_sum),
+                                                        float(entropy_tokens))
     stats.update(zip(keys, (v / world()[1] for v in averaged)))
     stats["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else None   # no pass ran: not measured
     return stats
@@ -1327,7 +1327,7 @@ def train_phase(run: Run) -> None:
         run.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - run.t_start)
         write_json(run_dir / "summary.json", run.summary)
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
-            write_plots(run_dir)
+            write_plots(run_dir, run.summary)
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
@@ -1340,7 +1340,7 @@ def train_phase(run: Run) -> None:
     except TrainingInterrupted:
         checkpoint_now(run)
         if is_main():
-            write_plots(run_dir)
+            write_plots(run_dir, run.summary)
         raise KeyboardInterrupt from None
     finally:
         _ctrl_c["training"] = False
@@ -1367,8 +1367,7 @@ def finish_run(run: Run) -> None:
                        wall_seconds=time.perf_counter() - run.t_start)
     if is_main():
         write_jsonl(run_dir / "eval_after.jsonl", after_records)
-        write_json(run_dir / "summary.json", {**run.summary, "finished": False})     # the plots read it
-        write_plots(run_dir)
+        write_plots(run_dir, run.summary)
         write_before_after(run_dir)
         write_json(run_dir / "summary.json", run.summary)      # finished only now: a Ctrl-C before resumes
     print(f"Run written to {run_dir}")
@@ -1616,15 +1615,17 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def write_plots(run_dir: Path) -> list[Path]:
-    """Reward, completion length, clip fraction and KL per step, as PNGs in RUN_DIR/plots."""
+def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
+    """Reward, completion length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots; the accuracy
+    lines come from `summary` (the running one's, or RUN_DIR/summary.json)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     metrics = read_jsonl(run_dir / "metrics.jsonl", key="step")
     if not metrics:
         return []
-    summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
+    if summary is None:
+        summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     steps = [m["step"] for m in metrics]
     plots = own_path(run_dir / "plots", folder=True)
     plots.mkdir(exist_ok=True)
