@@ -66,6 +66,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+if __name__ == "__main__":      # Ctrl-C while torch loads (a second or more): one line, not an import traceback
+    signal.signal(signal.SIGINT, lambda *_: (print("error: interrupted while starting; nothing was written",
+                                                   file=sys.stderr), os._exit(2)))
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -841,7 +844,7 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
         raise
     except (KeyboardInterrupt, Exception) as e:      # any failure (a full disk in safetensors, NaN sampling): one line
         cause = "interrupted" if isinstance(e, KeyboardInterrupt) else \
-            f"failed ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            f"failed ({first_line(e)})"
         if not (run_dir / "config.json").exists():
             raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
         launch = f"torchrun --nproc_per_node={world()[1]}" if world()[1] > 1 else "python"
@@ -918,8 +921,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
-        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-            from None
+        raise UserError(f"cannot load model from {path}: {first_line(e)}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -967,6 +969,10 @@ def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
 
 class UserError(Exception):
     """Bad input: main prints the message as one line and exits with status 2."""
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def validate_config(cfg: Config) -> None:
@@ -1132,7 +1138,7 @@ RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl
 def is_run_dir(path: Path) -> bool:
     """A folder this script made for a run: its config.json is a run record, not (say) a model's config."""
     try:
-        saved = json.loads((path / "config.json").read_text())
+        saved = json.loads(read_text(path / "config.json"))
     except (OSError, ValueError):
         return False
     return isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "argv" in saved
@@ -1162,6 +1168,24 @@ def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Ca
                     f"files it did not make")
 
 
+def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
+    """An exclusive lock on RUN_DIR/run.lock, which the system drops when the process dies (None: no lock file
+    and `create` false); UserError while another process holds it."""
+    import fcntl
+    try:
+        lock = os.open(run_dir / RUN_LOCK, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW, 0o644)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        raise UserError(f"another run is using {run_dir} right now") from None
+    return lock
+
+
 @contextlib.contextmanager
 def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     clearable: Callable[[Path], bool] = lambda path: False):
@@ -1173,7 +1197,6 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
     wrote its config.json (bad input, or stopped while loading), what the claim made is removed again.
     Under torchrun the main process claims and every process hears of a refusal.
     """
-    import fcntl
     error, lock, made = None, None, []
     if is_main():
         try:
@@ -1181,13 +1204,7 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
             missing = [run_dir, *(p for p in run_dir.parents if not p.exists())]
             made = [p for p in reversed(missing) if not p.exists()]
             run_dir.mkdir(parents=True, exist_ok=True)
-            lock = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(lock)
-                lock, made = None, []
-                raise UserError(f"another run is using {run_dir} right now") from None
+            lock = lock_run_dir(run_dir)
             check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
             if not resume:
                 for name in foreign_entries(run_dir):                    # only what `clearable` vouched for
@@ -1403,9 +1420,16 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     replace_file(path, lambda tmp: tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows)))
 
 
+def read_text(path: Path) -> str:
+    """A record's text; OSError unless it is a regular file (a FIFO or a device in its place would block forever)."""
+    if path.exists() and not path.is_file():
+        raise OSError(f"{path} is not a regular file")
+    return path.read_text()
+
+
 def read_json(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(read_text(path))
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path} (damaged?): {e}") from None
     if not isinstance(value, dict):
@@ -1419,7 +1443,7 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
     if not path.exists():
         return []
     try:
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        lines = [line for line in read_text(path).splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read {path} (damaged?): {e}") from None
     rows = []
@@ -1572,7 +1596,7 @@ def load_trainer_state(checkpoint: Path) -> dict:
     """The trainer state save_checkpoint wrote; UserError naming the files if they are missing or damaged."""
     from safetensors.torch import load_file
     try:
-        state = from_plain(json.loads((checkpoint / TRAINER_STATE[0]).read_text()),
+        state = from_plain(json.loads(read_text(checkpoint / TRAINER_STATE[0])),
                            load_file(checkpoint / TRAINER_STATE[1]))
         if not {"optimizer", "scheduler", "step", "epoch", "batch_in_epoch", "rng"} <= set(state):
             raise ValueError("keys are missing")
@@ -1582,7 +1606,7 @@ def load_trainer_state(checkpoint: Path) -> dict:
             raise ValueError("a value has the wrong type or range (edited by hand?)")
     except Exception as e:      # any damage at all (truncated, edited, absent) means the same to the user
         raise UserError(f"cannot read checkpoint {checkpoint / TRAINER_STATE[0]} + {TRAINER_STATE[1]}: "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                        f"{first_line(e)}") from None
     return state
 
 
@@ -1600,10 +1624,17 @@ def redraw_report(run_dir: Path) -> None:
     """--report: plots and before_after.md of a run, drawn again from its records."""
     if not (run_dir / "metrics.jsonl").is_file():
         raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
+    lock = None
     try:
+        lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
         written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, ArithmeticError) as e:
         raise UserError(f"--report {run_dir}: the run record is damaged ({type(e).__name__}: {e})") from None
+    except OSError as e:
+        raise UserError(f"--report {run_dir}: cannot write there ({e.strerror or e})") from None
+    finally:
+        if lock is not None:
+            os.close(lock)
     print("\n".join(str(p) for p in written))
 
 
@@ -2014,9 +2045,8 @@ def init_distributed(device_name: str) -> None:
         raise UserError(f"WORLD_SIZE={world_size!r} is not a process count: launch with torchrun, or unset it")
     if int(world_size) <= 1 or dist.is_initialized():
         return
-    missing = [v for v in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
-    if missing:
-        raise UserError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but {', '.join(missing)} are not: launch "
+    if "TORCHELASTIC_RUN_ID" not in os.environ:     # a leftover environment would wait for peers forever
+        raise UserError(f"WORLD_SIZE={world_size} is set but this process was not started by torchrun: launch "
                         f"with torchrun, or unset WORLD_SIZE for one process")
     on_gpu = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
     if on_gpu:
@@ -2139,10 +2169,23 @@ def load_split(dataset: str, split: str):
         else:
             rows = datasets.load_dataset(dataset, "main", split=split)
     except Exception as e:  # datasets raises many types for a bad slice, config or path
-        raise UserError(f"cannot load split {split!r} of {dataset}: {str(e).splitlines()[0] if str(e) else e!r}") from e
-    asked = re.fullmatch(r"\w+\[:(\d+)\]", split)
-    if asked and len(rows) < int(asked.group(1)):   # datasets clamps [:N] silently
-        raise UserError(f"split {split!r} of {dataset} has only {len(rows)} rows (lower --train-size / --eval-size)")
+        if "corresponds to no data" in str(e):
+            raise UserError(f"split {split!r} of {dataset} has no rows") from None
+        cause = e
+        while cause.__cause__ or cause.__context__:        # under "An error occurred while generating the dataset"
+            cause = cause.__cause__ or cause.__context__
+        where = f"split {split!r} of" if cause is e else "the splits of"    # building them all failed, maybe not this
+        empty = " (a split with no rows?)" if type(cause).__name__ == "SchemaInferenceError" else ""
+        raise UserError(f"cannot load {where} {dataset}{empty}: {type(cause).__name__}: {first_line(cause)}") from None
+    return enough_rows(rows, split, dataset)
+
+
+def enough_rows(rows, split: str, dataset: str = ""):
+    """`rows`, unless the split asked for [:N] and fewer came (datasets clamps a slice silently)."""
+    asked = re.fullmatch(r"(\w+)\[:(\d+)\]", split)
+    if asked and len(rows) < int(asked.group(2)):
+        raise UserError(f"there are only {len(rows)} {'generated ' * (not dataset)}{asked.group(1)} problems"
+                        f"{' in ' * bool(dataset)}{dataset} (lower --train-size / --eval-size)")
     return rows
 
 
@@ -2326,11 +2369,7 @@ def generated_or_loaded(make: Callable[[str, int], list[dict]]):
         match = re.fullmatch(r"(\w+)(?:\[:(\d+)\])?", split)
         if not match:
             raise UserError(f"generated problems take a split like 'train' or 'test[:100]', not {split!r}")
-        rows = make(match.group(1), int(match.group(2) or 0))
-        if match.group(2) and len(rows) < int(match.group(2)):
-            raise UserError(f"there are only {len(rows)} generated {match.group(1)} problems (lower --train-size / "
-                            f"--eval-size)")
-        return rows
+        return enough_rows(make(match.group(1), int(match.group(2) or 0)), split)
     return load
 
 
@@ -2477,7 +2516,7 @@ DEMO_MARKER = "demo.json"
 def is_demo_run(run_dir: Path) -> bool:
     """RUN_DIR holds an earlier demo and nothing else, so a new demo may empty it."""
     try:
-        marked = json.loads((run_dir / DEMO_MARKER).read_text()).get("demo") is True
+        marked = json.loads(read_text(run_dir / DEMO_MARKER)).get("demo") is True
     except (OSError, ValueError, AttributeError):
         return False
     return marked and not foreign_entries(run_dir, RUN_RECORD | {DEMO_MARKER, "demo_model", "demo_data"})
@@ -2530,4 +2569,5 @@ def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)    # from here on, main() handles Ctrl-C
     sys.exit(main())

@@ -620,6 +620,65 @@ def test_a_failure_of_a_library_s_own_kind_while_saving_is_one_line_with_the_res
     assert f"--resume {out}" in err
 
 
+
+def test_report_on_records_that_block_overflow_or_cannot_be_written_or_a_live_run_is_one_line(
+        run_copy, capsys, monkeypatch):
+    import fcntl
+    (run_copy / "eval_after.jsonl").unlink()
+    os.mkfifo(run_copy / "eval_after.jsonl")             # reading it would wait for a writer forever
+    assert "eval_after.jsonl is not a regular file" in main_err(["--report", run_copy], capsys)[1]
+    (run_copy / "eval_after.jsonl").unlink()
+    (run_copy / "eval_after.jsonl").mkdir()
+    assert "eval_after.jsonl is not a regular file" in main_err(["--report", run_copy], capsys)[1]
+    (run_copy / "eval_after.jsonl").rmdir()
+    summary = json.loads((run_copy / "summary.json").read_text())
+    (run_copy / "summary.json").write_text(json.dumps({**summary, "accuracy_before": 10**400}))
+    assert "damaged (OverflowError" in main_err(["--report", run_copy], capsys)[1]
+    (run_copy / "summary.json").write_text(json.dumps(summary))
+
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    code, err = main_err(["--report", run_copy], capsys)       # a read-only folder (root ignores chmod)
+    assert code == 2 and "cannot write there (Permission denied)" in err
+    monkeypatch.setattr(os, "replace", real)
+
+    lock = os.open(run_copy / "run.lock", os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)                           # the run is live: its plots are being redrawn
+    try:
+        code, err = main_err(["--report", run_copy], capsys)
+    finally:
+        os.close(lock)
+    assert code == 2 and "another run is using" in err
+    assert main_err(["--report", run_copy], capsys)[0] == 0
+
+
+def test_ctrl_c_while_the_libraries_load_is_one_line():
+    proc = start_cli(["--help"])
+    time.sleep(0.5)                                   # within torch's import, which takes seconds on these machines
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in err and err.strip().startswith("error: interrupted"), err
+
+
+def test_a_leftover_torchrun_environment_is_refused_before_the_rendezvous(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                           monkeypatch):
+    for name, value in dict(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT="29512").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(gh.dist, "init_process_group", lambda *a, **k: pytest.fail("waits for a peer forever"))
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "run"), capsys)
+    assert code == 2 and "not started by torchrun" in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("empty, message", [("test", "split 'test[:4]' of {data} has no rows"),
+                                            ("train", "cannot load the splits of {data} (a split with no rows?)")])
+def test_an_empty_split_is_named_with_its_cause(model_dir, tmp_path, capsys, empty, message):
+    data = gh.write_hub_dataset(tmp_path / "data", {"train": PROBLEMS, "test": PROBLEMS[:4], empty: []})
+    code, err = main_err([model_dir, "--dataset", data, "--eval-size", "4", "--output-dir", tmp_path / "run",
+                          "--device", "cpu"], capsys)
+    assert code == 2 and message.format(data=data) in err, err
+
 # ----- extraction: a number is a whole token -----
 
 @pytest.mark.parametrize("text, number", [("#### 1,2,3", None), ("#### 3/4", None), ("#### 1e309", None),
