@@ -206,18 +206,13 @@ class GSM8KDataset(Dataset):
 
     @staticmethod
     def extract_answer(answer_str):
-        """Gold number after the last '####' of a GSM8K answer, thousands separators removed; None if absent."""
+        """Gold number after the last '####' of a GSM8K answer, thousands separators removed; None if absent.
+        A dataset that stores the answer as a plain number works too."""
+        if type(answer_str) in (int, float):
+            return float(answer_str) if math.isfinite(answer_str) else None
         if not isinstance(answer_str, str) or "####" not in answer_str:
             return None
         return parse_number(answer_str.rsplit("####", 1)[1])
-
-
-def gsm8k_gold(row: dict) -> float | None:
-    """GSM8K's '... #### 42' answer text; a dataset that stores the answer as a plain number works too."""
-    answer = row["answer"]
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        return float(answer) if math.isfinite(answer) else None
-    return GSM8KDataset.extract_answer(answer)
 
 
 def collate_prompts(batch: list[dict], tokenizer) -> dict:
@@ -339,10 +334,8 @@ def kl_k3(logprobs, ref_logprobs):
 
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
                         loss_agg="seq-mean", num_tokens=None, return_stats=False):
-    """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per token, reduced by `loss_agg`.
-
-    With return_stats, also returns (detached) clipfrac and approx_kl (k3 estimate of KL(old || new)).
-    """
+    """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per token, reduced by `loss_agg`. With return_stats,
+    also returns (detached) clipfrac and approx_kl (k3 estimate of KL(old || new))."""
     mask = loss_mask.bool()                                                  # [batch, seq]
     # Selection, not multiplication: garbage (even inf) at masked positions must not reach the loss or gradient.
     logratio = torch.where(mask, logprobs - old_logprobs, 0.0).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
@@ -377,10 +370,8 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int):
     """A GenerationConfig with every sampling knob set, so nothing is inherited from the model's config.
-
-    Qwen2.5-Instruct ships temperature 0.7, top_p 0.8, top_k 20 and repetition_penalty 1.1; any of them
-    would make the sampler's distribution differ from the softmax(logits / T) that the loss assumes.
-    """
+    Qwen2.5-Instruct ships temperature 0.7, top_p 0.8, top_k 20 and repetition_penalty 1.1; any of them would make
+    the sampler's distribution differ from the softmax(logits / T) that the loss assumes."""
     from transformers import GenerationConfig
     params = GenerationConfig()._get_default_generation_params()
     params.update(max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True)
@@ -417,10 +408,8 @@ def prefill_once(model, input_ids, attention_mask, num_samples):
 def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_tokens=256, temperature=1.0,
                          num_samples=4, *, batch_size=None):
     """Sample `num_samples` completions per prompt (rows grouped per prompt); temperature 0 decodes greedily.
-
-    Returns output_ids [rows, prompt + new], attention_mask (what sampling attended to), completion_mask
-    (1 up to and including the first EOS, by position), prompt_length, completions (text), truncated [rows].
-    """
+    Returns output_ids [rows, prompt + new], attention_mask (what sampling attended to), completion_mask (1 up to
+    and including the first EOS, by position), prompt_length, completions (text), truncated [rows]."""
     check_ctrl_c()
     from transformers import GenerationConfig
     eos_ids = eos_token_ids(model, tokenizer)
@@ -505,12 +494,10 @@ def position_ids_from_mask(attention_mask):
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
-    """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0.
-
-    The textbook operation on whatever batch it is given; with prompt_length, columns before it are 0. It holds
-    the whole [batch, seq, vocab] logits, so the training loop calls completion_logprobs (below) instead: the
-    same numbers, tested equal in value and gradient, computed where they are needed and in chunks.
-    """
+    """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0. The textbook
+    operation on whatever batch it is given; with prompt_length, columns before it are 0. It holds the whole [batch,
+    seq, vocab] logits, so the training loop calls completion_logprobs (below) instead: the same numbers, tested
+    equal in value and gradient, computed where they are needed and in chunks."""
     # Positions from the mask, as generate() numbered them: a left-padded row scores as it would unpadded.
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                    position_ids=position_ids_from_mask(attention_mask)).logits               # [batch, seq, vocab]
@@ -524,13 +511,11 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 def completion_logprobs(model, input_ids, attention_mask, prompt_length: int, *, temperature=1.0,
                         chunk_size=Config.logprob_chunk_size, with_entropy=False):
-    """compute_logprobs_from_model(..., prompt_length=...) as the update needs it, in memory and time.
-
-    Hidden states only where a completion token is predicted; the LM head and log-softmax in chunks of
-    `chunk_size` positions with the backward recomputing them (ChunkedTokenLogprobs); and rows that share a prompt
-    (a GRPO group) computed with one pass over it (shared_prompt_hidden). with_entropy: also each position's
-    entropy of softmax(logits / T) (token_entropy), from the same chunks, without gradient.
-    """
+    """compute_logprobs_from_model(..., prompt_length=...) as the update needs it, in memory and time. Hidden states
+    only where a completion token is predicted; the LM head and log-softmax in chunks of `chunk_size` positions with
+    the backward recomputing them (ChunkedTokenLogprobs); and rows that share a prompt (a GRPO group) computed with
+    one pass over it (shared_prompt_hidden). with_entropy: also each position's entropy of softmax(logits / T)
+    (token_entropy), from the same chunks, without gradient."""
     start = max(1, int(prompt_length))
     batch, seq = input_ids.shape
     if start >= seq:
@@ -565,14 +550,10 @@ class PolicyLogprobs(torch.nn.Module):
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """The rollout less its rows with advantage 0, whose clipped surrogate and gradient are exactly 0.
-
-    Groups whose samples all got the same reward are common (all right, once the policy is good); leaving them
-    out of the update saves their forward and backward and changes nothing else, since the loss is still
-    normalized by the full batch. Not with a KL penalty, which pulls on every row. Under torchrun every process
-    keeps as many rows as the one with the most signal (filling up with zero rows): FSDP gathers the weights on
-    every forward, so all processes must run the same number of micro-batches.
-    """
+    """The rollout less its rows with advantage 0 (groups whose samples all got the same reward: common once the
+    policy is good), whose surrogate and gradient are exactly 0: the loss is still normalized by the full batch.
+    Not with a KL penalty, which pulls on every row. Under torchrun every process keeps as many rows as the one
+    with the most (adding zero rows): FSDP gathers weights on every forward, so all run as many micro-batches."""
     if cfg.kl_coef > 0:
         return rollout
     keep = rollout.advantages != 0                                          # [rows]
@@ -582,13 +563,9 @@ def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     # With no signal on any process no row runs at all; grpo_update still takes the optimizer's step on the
     # zero gradient, since AdamW's momentum moves the weights even then.
     rows = torch.cat([keep.nonzero(), (~keep).nonzero()[: int(needed) - int(keep.sum())]]).squeeze(1).sort().values
-    return Rollout(**{f.name: pick_rows(getattr(rollout, f.name), rows) for f in dataclasses.fields(Rollout)})
-
-
-def pick_rows(value, rows: torch.Tensor):
-    if isinstance(value, torch.Tensor):
-        return value[rows.to(value.device)]
-    return [value[i] for i in rows.tolist()] if isinstance(value, list) else value
+    pick = lambda v: v[rows.to(v.device)] if torch.is_tensor(v) else [v[i] for i in rows.tolist()] \
+        if isinstance(v, list) else v                                     # prompt_length stays
+    return Rollout(**{name: pick(value) for name, value in vars(rollout).items()})
 
 
 def micro_batches(rollout: Rollout, size: int):
@@ -719,11 +696,9 @@ class LoopExtras:
 # ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, extras: LoopExtras | None = None):
-    """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update.
-
-    Returns the per-step history (list of dicts). The template's arguments are settings of cfg: without cfg
-    they are the settings (the rest at Config's defaults, no step limit); with cfg they must equal its fields.
-    """
+    """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update. Returns the
+    per-step history (list of dicts). The template's arguments are settings of cfg: without cfg they are the
+    settings (the rest at Config's defaults, no step limit); with cfg they must equal its fields."""
     given = dict(num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps, max_new_tokens=max_new_tokens)
     if cfg is None:
         cfg = Config(max_steps=0, **given)
@@ -772,10 +747,8 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
 
 
 def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval") -> tuple[dict, list[dict]]:
-    """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem.
-
-    Under torchrun each process answers every world-size-th problem and all records are gathered, in order.
-    """
+    """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem. Under
+    torchrun each process answers every world-size-th problem and all records are gathered, in order."""
     from tqdm.auto import tqdm
     rank, world_size = world()
     loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)),
@@ -814,7 +787,9 @@ def main(argv: list[str] | None = None) -> int:
             elif args.demo:
                 run_demo(cfg)
             else:
-                run_training(cfg, resume=bool(args.resume))
+                validate_config(cfg)
+                with claimed_run_dir(Path(cfg.output_dir), resume=bool(args.resume), model_path=cfg.model_path):
+                    run_phases(cfg, Path(cfg.output_dir), resume=bool(args.resume))
             if world()[1] > 1:
                 dist.barrier()      # no process tears the group down while another still has work in flight
         except UserError as e:
@@ -896,7 +871,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
                         f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, cfg.lr_warmup_steps, decay_end))
-    run = Run(cfg, run_dir, task, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader, eval_set)
+    run = Run(cfg, run_dir, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader, eval_set)
     open_record(run, checkpoint, resume)
     return run
 
@@ -934,9 +909,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command line and validation
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Command line and validation -----
 
 
 def flag_name(field_name: str) -> str:
@@ -950,17 +923,13 @@ def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      argument_default=None if defaults else argparse.SUPPRESS)
     for f in dataclasses.fields(Config):
-        kwargs = {k: v for k, v in f.metadata.items()}
+        kwargs = {**f.metadata, **({"default": f.default} if defaults else {})}
         if f.name == "model_path":
-            parser.add_argument("model_path", nargs="?", help=kwargs["help"],
-                                **({"default": f.default} if defaults else {}))
-            continue
-        flag = flag_name(f.name)
-        if isinstance(f.default, bool):
-            kwargs["action"] = argparse.BooleanOptionalAction
+            parser.add_argument("model_path", nargs="?", **kwargs)
+        elif isinstance(f.default, bool):
+            parser.add_argument(flag_name(f.name), action=argparse.BooleanOptionalAction, **kwargs)
         else:
-            kwargs["type"] = type(f.default)
-        parser.add_argument(flag, **kwargs, **({"default": f.default} if defaults else {}))
+            parser.add_argument(flag_name(f.name), type=type(f.default), **kwargs)
     parser.add_argument("--demo", action="store_true", help="build a tiny model and task and run GRPO on CPU")
     parser.add_argument("--report", metavar="RUN_DIR", help="redraw plots and before_after.md of a run, then exit")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
@@ -993,8 +962,7 @@ def validate_config(cfg: Config) -> None:
                                                     f"{', '.join(f.metadata['choices'])} (not {value!r})")
     require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
     require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
-    require(cfg.temperature >= 1e-3, "--temperature must be at least 0.001 for training (sampling and log-probs "
-                                     "divide the logits by it)")
+    require(cfg.temperature >= 1e-3, "--temperature must be at least 0.001 (sampling and log-probs divide by it)")
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
                  "ppo_epochs", "logprob_chunk_size", "max_prompt_length", "learning_rate", "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
@@ -1006,21 +974,17 @@ def validate_config(cfg: Config) -> None:
     require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
     require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps,
             "--lr-decay needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps)")
-    require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1 "
-                                                                    "(the same as --clip-eps)")
-    require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1 "
-                                                      "(decoupled decay multiplies the weights by 1 - lr * wd)")
+    require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1")
+    require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
     require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
     try:                       # tokenizers writes by name and needs UTF-8; checkpoints add ~80 characters
         out = os.path.abspath(os.path.expanduser(cfg.output_dir)).encode()
     except UnicodeEncodeError:
-        raise UserError("--output-dir must be a UTF-8 path (the tokenizer's files cannot be written elsewhere)") \
-            from None
-    require(len(out) < 3900 and max(map(len, out.split(b"/"))) < 200, "--output-dir is too long for the files a "
-                                                                        "run writes inside it")
+        raise UserError("--output-dir must be a UTF-8 path (the tokenizer's files are written by name)") from None
+    require(len(out) < 3900 and max(map(len, out.split(b"/"))) < 200, "--output-dir is too long for a run's files")
     require(cfg.task != "gsm8k" or cfg.dataset.strip() != "", "--task gsm8k has no generated problems: pass --dataset "
-                                                              "(a folder with GSM8K in hub layout, or a hub id)")
+                                                              "(GSM8K in hub layout, or a hub id)")
 
 
 # Flags a resumed run may change: how it runs, not what it learns. Any other change would make one run's
@@ -1032,7 +996,7 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "sho
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    if (run_dir / "config.json").is_file() and not is_run_dir(run_dir):
+    if (run_dir / "config.json").is_file():
         read_json(run_dir / "config.json")                  # a damaged record says so, not "not a run directory"
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
@@ -1063,17 +1027,15 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     if len(modes) > 1:
         raise UserError(f"--{modes[0]} and --{modes[1]} cannot be combined")
     if args.report and explicit:
-        raise UserError(f"--report only redraws a run's plots: it takes no other flags (got "
-                        f"{', '.join(sorted(explicit))})")
+        raise UserError(f"--report only redraws a run's plots: it takes no other flags (got {', '.join(explicit)})")
     if args.demo and "model_path" in explicit:
         raise UserError("--demo builds its own model: leave out MODEL_PATH")
     if args.resume:
         base = saved_config(Path(args.resume))
         if "output_dir" in explicit and Path(explicit["output_dir"]).resolve() != Path(args.resume).resolve():
             raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
-        may_change = RESUME_MAY_CHANGE | {"output_dir"}
-        if base.lr_decay:                   # its learning rate was already decayed towards the old last step
-            may_change -= {"max_steps", "num_epochs"}
+        # A --lr-decay run's learning rate was already decayed towards its old last step, which must stay
+        may_change = (RESUME_MAY_CHANGE | {"output_dir"}) - ({"max_steps", "num_epochs"} if base.lr_decay else set())
         changed = sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k))
         if changed:
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
@@ -1126,9 +1088,7 @@ def ctrl_c_latch():
         _ctrl_c.update(pressed=False, training=False, asked=0.0)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The run folder: claimed before any work, written only by this run, resumable after any phase
-# ---------------------------------------------------------------------------------------------------------------
+# ----- The run folder: claimed before any work, written only by this run, resumable after any phase -----
 
 RUN_LOCK = "run.lock"
 RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl",
@@ -1172,12 +1132,9 @@ def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
     """An exclusive lock on RUN_DIR/run.lock, which the system drops when the process dies (None: no lock file
     and `create` false); UserError while another process holds it."""
     import fcntl
-    try:
-        lock = os.open(run_dir / RUN_LOCK, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW, 0o644)
-    except FileNotFoundError:
-        if create:
-            raise
+    if not create and not (run_dir / RUN_LOCK).exists():
         return None
+    lock = os.open(run_dir / RUN_LOCK, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -1189,20 +1146,15 @@ def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
 @contextlib.contextmanager
 def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     clearable: Callable[[Path], bool] = lambda path: False):
-    """Hold RUN_DIR for this run alone, from before any work until the run ends.
-
-    The claim is an exclusive lock on RUN_DIR/run.lock, which the system drops when the process dies, so a
-    crash leaves nothing stale; a second run on the same folder is refused at once. A new run takes a folder
+    """Hold RUN_DIR (locked) for this run alone, from before any work until the run ends. A new run takes a folder
     that is new or empty, or one `clearable` says it may empty (the demo's own earlier run). If this run never
     wrote its config.json (bad input, or stopped while loading), what the claim made is removed again.
-    Under torchrun the main process claims and every process hears of a refusal.
-    """
+    Under torchrun the main process claims and every process hears of a refusal."""
     error, lock, made = None, None, []
     if is_main():
         try:
             check_output_dir(run_dir, model_path, resume, clearable)
-            missing = [run_dir, *(p for p in run_dir.parents if not p.exists())]
-            made = [p for p in reversed(missing) if not p.exists()]
+            made = [p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()]
             run_dir.mkdir(parents=True, exist_ok=True)
             lock = lock_run_dir(run_dir)
             check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
@@ -1236,7 +1188,6 @@ class Run:
     """What the phases of one run share: the loaded pieces, where training stands, and the run's summary."""
     cfg: Config
     run_dir: Path
-    task: Task
     device: torch.device
     model: Any
     tokenizer: Any
@@ -1253,22 +1204,14 @@ class Run:
     saved_step: int | None = None     # the step of the newest checkpoint on disk
 
 
-def run_training(cfg: Config, resume: bool = False) -> dict:
-    """The whole job on the CLI's flags: claim the folder, then the phases (see run_phases)."""
-    validate_config(cfg)
-    run_dir = Path(cfg.output_dir)
-    with claimed_run_dir(run_dir, resume=resume, model_path=cfg.model_path):
-        return run_phases(cfg, run_dir, resume)
-
-
 def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     """Continue from `checkpoint` (optimizer, schedule, random streams, data position) when there is one, trim
     metrics.jsonl to it, and record the run's config."""
     import transformers
     cfg, run_dir, (rank, world_size) = run.cfg, run.run_dir, world()
-    state = load_trainer_state(checkpoint) if checkpoint else None
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
-    if state is not None:
+    if checkpoint:
+        state = load_trainer_state(checkpoint)
         if len(state["rng"]) != world_size:
             raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
                             f"(now {world_size}), or the data and samples would not continue where they stopped")
@@ -1281,9 +1224,8 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         run.start = {k: state[k] for k in run.start}
         if run.summary.get("finished") and run.start["step"] >= last_step(cfg, run.loader):
             raise UserError(f"{run_dir} finished after {run.start['step']} steps: " + (
-                f"its --lr-decay schedule ended there, so it cannot be trained further; start a new run from "
-                f"{run_dir / 'final'}" if cfg.lr_decay else "pass a larger --max-steps or --num-epochs to train "
-                                                          "it further"))
+                f"its --lr-decay schedule ended there; start a new run from {run_dir / 'final'}" if cfg.lr_decay
+                else "pass a larger --max-steps or --num-epochs to train it further"))
         print(f"Resuming from {checkpoint} (step {run.start['step']})")
         run.t_start -= run.summary.get("wall_seconds", 0.0)
         run.saved_step = run.start["step"]
@@ -1293,31 +1235,27 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     elif resume:
         print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
               file=sys.stderr)
-    if is_main():
-        if resume:
-            write_jsonl(run_dir / "metrics.jsonl",
-                        [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
-        write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
-                                             "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                                                          "transformers": transformers.__version__}})
+    if resume:
+        write_jsonl(run_dir / "metrics.jsonl",
+                    [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
+    write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
+                                         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                                      "transformers": transformers.__version__}})
 
 
 def evaluate_before(run: Run) -> None:
     """Greedy accuracy of the starting model (kept from an earlier attempt of this run when there is one)."""
-    if "accuracy_before" in run.summary and (run.run_dir / "eval_before.jsonl").exists():
-        before = run.summary["before"]
-    else:
+    before = run.summary.get("before") if (run.run_dir / "eval_before.jsonl").exists() else None
+    if before is None:
         print(f"Evaluating the starting model on {len(run.eval_set)} test problems...")
         with full_weights(run.scorer):
             before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, desc="eval before")
-        if is_main():
-            write_jsonl(run.run_dir / "eval_before.jsonl", records)
+        write_jsonl(run.run_dir / "eval_before.jsonl", records)
     print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} test problems, "
           f"format {before['format_rate']:.0%})")
     run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": False}
-    if is_main():
-        write_json(run.run_dir / "summary.json", run.summary)
+    write_json(run.run_dir / "summary.json", run.summary)
 
 
 def checkpoint_now(run: Run) -> None:
@@ -1356,8 +1294,7 @@ def train_phase(run: Run) -> None:
                    cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, extras=extras)
     except TrainingInterrupted:
         checkpoint_now(run)
-        if is_main():
-            write_plots(run_dir, run.summary)
+        write_plots(run_dir, run.summary)
         raise KeyboardInterrupt from None
     finally:
         _ctrl_c["training"] = False
@@ -1376,23 +1313,19 @@ def finish_run(run: Run) -> None:
     before = run.summary["before"]
     print(f"Accuracy before training: {before['accuracy']:.2%}")
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
-    if is_main():
-        print_examples(read_jsonl(run_dir / "eval_before.jsonl"), after_records, cfg.show_examples)
+    print_examples(read_jsonl(run_dir / "eval_before.jsonl"), after_records, cfg.show_examples)
     replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, run.scorer))
     run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
-    if is_main():
-        write_jsonl(run_dir / "eval_after.jsonl", after_records)
-        write_plots(run_dir, run.summary)
-        write_before_after(run_dir)
-        write_json(run_dir / "summary.json", run.summary)      # finished only now: a Ctrl-C before resumes
+    write_jsonl(run_dir / "eval_after.jsonl", after_records)
+    write_plots(run_dir, run.summary)
+    write_before_after(run_dir)
+    write_json(run_dir / "summary.json", run.summary)      # finished only now: a Ctrl-C before resumes
     print(f"Run written to {run_dir}")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Records and checkpoints: JSON and safetensors, each written whole or not at all
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Records and checkpoints: JSON and safetensors, each written whole or not at all -----
 
 def own_path(path: Path, folder: bool = False) -> Path:
     """`path`, once checked that this run may write or remove it: not a symlink (writing would go through to
@@ -1404,7 +1337,9 @@ def own_path(path: Path, folder: bool = False) -> Path:
 
 
 def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(tmp) then rename tmp over `path`: a reader never sees half a file."""
+    """write(tmp) then rename tmp over `path`: a reader never sees half a file. Only the main process writes."""
+    if not is_main():
+        return
     tmp = own_path(path.with_name(path.name + ".tmp"))
     own_path(path)
     tmp.unlink(missing_ok=True)
@@ -1469,8 +1404,7 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, st
     grouped = rollout.rewards.view(-1, cfg.group_size)
     lengths = rollout.completion_lengths.float()
     record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rollout.rewards),
-              "reward_mean": rollout.rewards.mean().item(),
-              "reward_std": rollout.rewards.std().item(),
+              "reward_mean": rollout.rewards.mean().item(), "reward_std": rollout.rewards.std().item(),
               "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
               **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped", "entropy")},
               "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
@@ -1486,13 +1420,9 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, st
 
 
 def print_examples(before: list[dict], after: list[dict], count: int) -> None:
+    show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(before, after))[:count]:
-        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {_oneline(b)} | after: {_oneline(a)}")
-
-
-def _oneline(record: dict) -> str:
-    text = (record["completion"] or "").strip().replace("\n", " ")
-    return f"{text[-60:]!r} [{'right' if record['correct'] else 'wrong'}]"
+        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {show(b)} | after: {show(a)}")
 
 
 def whole_state(scorer, optimizer=None, load: dict | None = None):
@@ -1531,11 +1461,9 @@ def set_rng_state(rng: dict, optimizer) -> None:
 
 
 def to_plain(obj, tensors: dict[str, torch.Tensor]):
-    """JSON-ready copy of nested dicts/lists/scalars, each tensor swapped for {"tensor": key} into `tensors`.
-
-    Checkpoints are JSON plus safetensors, so reading one back never unpickles (pickle can run code).
-    Dicts become item lists because the optimizer keys its state by int.
-    """
+    """JSON-ready copy of nested dicts/lists/scalars, each tensor swapped for {"tensor": key} into `tensors`: a
+    checkpoint is JSON plus safetensors, so reading one never unpickles (pickle can run code). Dicts become
+    item lists because the optimizer keys its state by int."""
     if torch.is_tensor(obj):
         tensors[key := str(len(tensors))] = obj.detach().cpu().contiguous()
         return {"tensor": key}
@@ -1615,9 +1543,7 @@ def last_checkpoint(run_dir: Path) -> Path | None:
     return max(steps, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Plots and before/after answers
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Plots and before/after answers -----
 
 
 def redraw_report(run_dir: Path) -> None:
@@ -1638,34 +1564,40 @@ def redraw_report(run_dir: Path) -> None:
     print("\n".join(str(p) for p in written))
 
 
-def smooth(values: list[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
 def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     """Reward, completion length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots; the accuracy
     lines come from `summary` (the running one's, or RUN_DIR/summary.json)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    metrics = read_jsonl(run_dir / "metrics.jsonl", key="step")
+    metrics = read_jsonl(run_dir / "metrics.jsonl", key="step") if is_main() else []
     if not metrics:
         return []
     if summary is None:
         summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
-    steps = [m["step"] for m in metrics]
     plots = own_path(run_dir / "plots", folder=True)
     plots.mkdir(exist_ok=True)
-    paths = []
-
-    def figure(name, title, ylabel, series, hlines=()):
+    steps = [m["step"] for m in metrics]
+    column = lambda key: [math.nan if m.get(key) is None else m[key] for m in metrics]   # None: a gap (entropy)
+    rewards, window = column("reward_mean"), max(1, len(metrics) // 20)     # a moving mean from 40 steps on
+    has_kl = "kl_ref" in metrics[0]
+    moving = [sum(rewards[max(0, i + 1 - window):i + 1]) / min(i + 1, window) for i in range(len(rewards))]
+    accuracy = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color) for when, key, color in
+                (("before", "accuracy_before", "tab:red"), ("after", "accuracy_after", "tab:green")) if key in summary]
+    figures = {   # name: title, y label, [(label, values)], horizontal lines
+        "reward.png": ("Mean reward of sampled completions", "reward", [("per step", rewards)] + [
+            (f"moving mean ({window} steps)", moving)] * (window > 1), accuracy),
+        "length.png": ("Completion length", "tokens", [("mean", column("completion_len_mean")),
+                                                       ("max", column("completion_len_max"))], []),
+        "clip_kl.png": ("Clip fraction and KL", "value", [("clip fraction", column("clipfrac")), ("approx KL to "
+                        "sampler", column("approx_kl"))] + [("k3 KL to reference", column("kl_ref"))] * has_kl, []),
+        "entropy.png": ("Entropy of the policy on its samples (per completion token)", "nats",
+                        [("mean over the completions the update ran", column("entropy"))], []),
+    }
+    for name, (title, ylabel, series, hlines) in figures.items():
         fig, ax = plt.subplots(figsize=(7, 4))
-        for label, values, style in series:
-            ax.plot(steps, values, style, label=label)
+        for label, values in series:    # entropy has gaps: dots keep a step between two gaps visible
+            ax.plot(steps, values, ".-" if name == "entropy.png" else "-", label=label)
         for label, y, color in hlines:
             ax.axhline(y, color=color, linestyle="--", label=label)
         ax.set(title=title, xlabel="step", ylabel=ylabel)
@@ -1674,29 +1606,7 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
         fig.tight_layout()
         replace_file(plots / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
-        paths.append(plots / name)
-
-    rewards = [m["reward_mean"] for m in metrics]
-    accuracy_lines = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color)
-                      for when, key, color in (("before", "accuracy_before", "tab:red"),
-                                               ("after", "accuracy_after", "tab:green")) if key in summary]
-    reward_series = [("per step", rewards, "-")]
-    window = len(rewards) // 20
-    if window > 1:                     # under 40 steps a moving mean would only draw over the steps
-        reward_series.append((f"moving mean ({window} steps)", smooth(rewards, window), "-"))
-    figure("reward.png", "Mean reward of sampled completions", "reward", reward_series, accuracy_lines)
-    figure("length.png", "Completion length", "tokens",
-           [("mean", [m["completion_len_mean"] for m in metrics], "-"),
-            ("max", [m["completion_len_max"] for m in metrics], "-")])
-    kl_series = [("clip fraction", [m["clipfrac"] for m in metrics], "-"),
-                 ("approx KL to sampler", [m["approx_kl"] for m in metrics], "-")]
-    if "kl_ref" in metrics[0]:
-        kl_series.append(("k3 KL to reference", [m["kl_ref"] for m in metrics], "-"))
-    figure("clip_kl.png", "Clip fraction and KL", "value", kl_series)
-    entropy = [m.get("entropy") for m in metrics]           # None (a gap) on steps whose update ran no pass
-    figure("entropy.png", "Entropy of the policy on its samples (per completion token)", "nats",
-           [("mean over the completions the update ran", [math.nan if e is None else e for e in entropy], ".-")])
-    return paths
+    return [plots / name for name in figures]
 
 
 def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
@@ -1726,30 +1636,23 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
     return path
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Devices, precision and memory: bf16 with stochastic rounding, out-of-memory, the chunked log-prob path
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Devices, precision and memory: bf16 with stochastic rounding, out-of-memory, the chunked log-prob path -----
 
 def pick_device(name: str) -> torch.device:
     if world()[1] > 1 and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))          # torchrun: one GPU per process
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
+    if name == "auto" and not torch.cuda.is_available():
         print("warning: no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for "
               "Qwen2.5-1.5B)", file=sys.stderr)
-        return torch.device("cpu")
     try:
-        device = torch.device(name)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     except RuntimeError as e:
         raise UserError(f"--device {name}: {e}") from None
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"--device {name}: this script trains on cpu or cuda only")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name} asked for, but no CUDA GPU is available")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"--device {name}: there are only {torch.cuda.device_count()} GPUs")
     if device.type == "cuda":
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs here")
         torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
     return device
 
@@ -1764,19 +1667,17 @@ def weight_dtype(name: str, device: torch.device) -> torch.dtype:
     major, minor = torch.cuda.get_device_capability(device)
     if major >= 8:
         return torch.bfloat16
-    print(f"warning: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native bf16, "
-          f"so the weights are float32: weights and gradients take twice the memory (Qwen2.5-1.5B: 17.3 -> 23.0 GiB "
-          f"with the AdamW moments, more than a 24 GB card holds beside the activations)", file=sys.stderr)
+    print(f"warning: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native bf16: "
+          f"float32 weights and gradients take twice the memory (Qwen2.5-1.5B with AdamW: 23.0 GiB, not 17.3)",
+          file=sys.stderr)
     return torch.float32
 
 
 def enable_checkpointing(model) -> None:
-    """Activation checkpointing for the update (renamed from gradient_checkpointing_enable in transformers 5)."""
-    kwargs = {"use_reentrant": False}
+    """Activation checkpointing for the update (gradient_checkpointing_enable before transformers 5.x renamed it)."""
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def seed_everything(seed: int) -> None:
@@ -1787,16 +1688,11 @@ def seed_everything(seed: int) -> None:
 
 class AdamWStochasticRounding(torch.optim.Optimizer):
     """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding.
-
-    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 that is
-    nearly all of them. Rounding up or down with probability proportional to the distance keeps the expected
-    weight equal to the fp32 one. fp32 weights get ordinary AdamW.
-
-    The step works through each tensor in slices of SLICE elements, so its fp32 temporaries stay ~100 MB even
-    for Qwen2.5-1.5B's 233M-element embedding (whole, they would be ~5 GiB: the peak of a 24 GB card). The
-    rounding noise comes from a generator of its own, seeded alike on every process, so DDP replicas that
-    apply the same averaged gradient round it the same way and stay identical.
-    """
+    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 nearly all. Rounding up or down with probability proportional to the distance keeps the expected weight equal to the
+    fp32 one. fp32 weights get ordinary AdamW. The step works through each tensor in slices of SLICE elements, so
+    its fp32 temporaries stay ~100 MB even for Qwen2.5-1.5B's 233M-element embedding (whole, they would be ~5 GiB:
+    the peak of a 24 GB card). The rounding noise comes from a generator of its own, seeded alike on every process,
+    so DDP replicas that apply the same averaged gradient round it the same way and stay identical."""
     SLICE = 1 << 22
 
     def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0):
@@ -1881,9 +1777,7 @@ def optimizer_step(model, optimizer) -> None:
         weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
         grads = sum(p.numel() * p.element_size() for p in params) / 2**30
         moments = sum(p.numel() * 8 for p in params) / 2**30
-        card = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30 \
-            if torch.cuda.is_available() else None
-        card = f" of the GPU's {card:.1f}" if card else ""
+        card = f" of the GPU's {torch.cuda.mem_get_info()[1] / 2**30:.1f}" if torch.cuda.is_available() else ""
         raise UserError(f"out of memory in the optimizer step: weights {weights:.1f} GiB + gradients {grads:.1f} GiB + "
                         f"AdamW moments {moments:.1f} GiB (fp32) do not fit beside the rest{card} GiB. Smaller "
                         f"batches do not help here; a smaller model, --dtype bfloat16 if the weights are float32, "
@@ -1903,8 +1797,7 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
                 torch.cuda.empty_cache()
             size = getattr(cfg, knob)
             if world()[1] > 1:       # processes cannot each halve on their own without falling out of step
-                raise UserError(f"out of GPU memory under torchrun: lower {flag_name(knob)} (now {size})") \
-                    from None
+                raise UserError(f"out of GPU memory under torchrun: lower {flag_name(knob)} (now {size})") from None
             floor = cfg.group_size if knob == "generation_batch_size" else 1
             if size <= floor:
                 raise UserError(f"out of GPU memory even at {flag_name(knob)} {size}: lower --max-new-tokens,"
@@ -1915,11 +1808,9 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32.
-
-    Only one chunk's (rows x vocab) logits exist at any moment, forward or backward: backward recomputes them
-    and accumulates the LM-head gradient into a single buffer, instead of one full-size temporary per chunk.
-    """
+    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32. Only one chunk's (rows x
+    vocab) logits exist at any moment, forward or backward: backward recomputes them and accumulates the LM-head
+    gradient into a single buffer, instead of one full-size temporary per chunk."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
@@ -1962,11 +1853,9 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def prompt_segments(input_ids, attention_mask, start: int):
-    """[rows] segment id: runs of consecutive rows with the same prompt (a group, or its part of a micro-batch).
-
-    A run is cut so that its packed sequence stays within four rows' length: attention grows with the square
-    of that length, so long completions share a prompt among fewer rows.
-    """
+    """[rows] segment id: runs of consecutive rows with the same prompt (a group, or its part of a micro-batch). A
+    run is cut so that its packed sequence stays within four rows' length: attention grows with the square of that
+    length, so long completions share a prompt among fewer rows."""
     rows, seq = input_ids.shape
     index = torch.arange(rows, device=input_ids.device)
     new_run = torch.ones(rows, dtype=torch.bool, device=input_ids.device)                    # [rows]
@@ -1978,14 +1867,12 @@ def prompt_segments(input_ids, attention_mask, start: int):
 
 
 def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
-    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once.
-
-    A segment is packed into one sequence [prompt, completion 1, ..., completion k]. A completion attends to
-    the prompt's keys and to its own earlier tokens only, at the positions it had in its own row, so every
-    state equals the unpacked one (up to float summation order), and gradients reach the weights through the
-    prompt's keys and values from all k completions. This is the prefix sharing of a KV cache done as one
-    forward pass, because gradient checkpointing drops a KV cache passed to a layer.
-    """
+    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once. A segment
+    is packed into one sequence [prompt, completion 1, ..., completion k]. A completion attends to the prompt's keys
+    and to its own earlier tokens only, at the positions it had in its own row, so every state equals the unpacked
+    one (up to float summation order), and gradients reach the weights through the prompt's keys and values from all
+    k completions. This is the prefix sharing of a KV cache done as one forward pass, because gradient checkpointing
+    drops a KV cache passed to a layer."""
     rows, seq = input_ids.shape
     length, device = seq - start, input_ids.device
     counts = torch.bincount(segment)                                         # [segments]
@@ -2020,10 +1907,7 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
     return hidden[segment[:, None], source]                                  # [rows, length, hidden]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Several processes: `torchrun --nproc_per_node=N grpo_homework.py ...` runs one copy per device. Every helper
-# below is a no-op in a single process, so nothing changes without torchrun.
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Several processes: torchrun runs one copy per device; each helper is a no-op in a single process -----
 
 
 def world() -> tuple[int, int]:
@@ -2085,10 +1969,8 @@ def gather_rollout_stats(rollout: Rollout) -> Rollout:
 
 
 def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device) -> torch.nn.Module:
-    """DDP (a replica per process, gradients averaged) or FSDP (weights, gradients, optimizer state sharded).
-
-    DDP broadcasts rank 0's weights at construction, so every replica starts identical.
-    """
+    """DDP (a replica per process, gradients averaged; it broadcasts rank 0's weights, so replicas start
+    identical) or FSDP (weights, gradients and optimizer state sharded)."""
     if world()[1] == 1:
         return scorer
     if cfg.parallel == "fsdp":
@@ -2129,14 +2011,11 @@ def is_sharded(scorer) -> bool:
 @contextlib.contextmanager
 def full_weights(scorer):
     """Under FSDP, gather the whole model while generate() uses it; no-op otherwise."""
-    if not is_sharded(scorer):
+    with contextlib.ExitStack() as regather:
+        if is_sharded(scorer):
+            scorer.unshard()
+            regather.callback(scorer.reshard)
         yield
-        return
-    scorer.unshard()
-    try:
-        yield
-    finally:
-        scorer.reshard()
 
 
 def check_replicas(model, step: int) -> float:
@@ -2149,9 +2028,7 @@ def check_replicas(model, step: int) -> float:
     return sums[:, 0].sum().item()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Data and generated tasks: loading hub-layout folders, word problems and Countdown
-# ---------------------------------------------------------------------------------------------------------------
+# ----- Data and generated tasks: loading hub-layout folders, word problems and Countdown -----
 
 
 def load_split(dataset: str, split: str):
@@ -2220,8 +2097,7 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
 def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path:
     """Write rows in the hub layout of openai/gsm8k (config 'main', one parquet file per split)."""
     import datasets
-    folder = Path(folder)
-    (folder / "main").mkdir(parents=True, exist_ok=True)
+    (folder := Path(folder)).joinpath("main").mkdir(parents=True, exist_ok=True)
     files = "".join(f"  - split: {s}\n    path: main/{s}-*\n" for s in splits)
     (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: main\n  data_files:\n{files}---\n")
     for split, rows in splits.items():
@@ -2240,8 +2116,7 @@ _MAX_EQUATION_CHARS, _MAX_EQUATION_DEPTH, _MAX_MAGNITUDE = 200, 20, 1e12
 
 def _extract_answer(text):
     """Content of the last <answer>...</answer> pair, stripped; None if there is none."""
-    if not text:
-        return None
+    text = text or ""
     end = text.rfind("</answer>")
     start = text.rfind("<answer>", 0, end) if end >= 0 else -1
     return text[start + len("<answer>"):end].strip() if start >= 0 else None
@@ -2257,11 +2132,9 @@ def _validate_numbers(equation_str, available_numbers):
 
 
 def _evaluate_equation(equation_str):
-    """Value of an arithmetic expression of integers, + - * / and parentheses; None for anything else.
-
-    The text is parsed to an AST and walked over an allow-list of node types: nothing is ever evaluated as
-    Python, and length, nesting and magnitude are bounded so no input can hang or crash it.
-    """
+    """Value of an arithmetic expression of integers, + - * / and parentheses; None for anything else. The text is
+    parsed to an AST and walked over an allow-list of node types: nothing is ever evaluated as Python, and length,
+    nesting and magnitude are bounded so no input can hang or crash it."""
     if not isinstance(equation_str, str) or len(equation_str) > _MAX_EQUATION_CHARS or "**" in equation_str \
             or "//" in equation_str or not _ALLOWED_EQUATION.match(equation_str):
         return None
@@ -2388,7 +2261,8 @@ class Task:
 
 
 TASKS = {
-    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"], gsm8k_gold, gsm8k_reward,
+    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"],
+                  lambda row: GSM8KDataset.extract_answer(row["answer"]), gsm8k_reward,
                   is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
     "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
                       generated_or_loaded(lambda split, size: countdown_problems(size or 1000,
@@ -2408,9 +2282,7 @@ for _name, _steps in (("arithmetic", 1), ("two-step", 2)):
                                                              word_problem_split(split, size, steps)))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU
-# ---------------------------------------------------------------------------------------------------------------
+# ----- The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU -----
 
 
 # The demo's chat template keeps only the user's words: a 2-layer model cannot read the system instruction (the
@@ -2420,10 +2292,8 @@ DEMO_CHAT_TEMPLATE = "{% for m in messages if m['role'] == 'user' %}{{ m['conten
 
 def build_byte_tokenizer(chat_template: str = DEMO_CHAT_TEMPLATE):
     """A byte-level BPE tokenizer (one token per byte) with Qwen's special tokens; pad is one of two EOS tokens.
-
-    Byte-level, because transformers may reload a qwen2 directory through Qwen2Tokenizer, which re-applies
-    byte-level pre-tokenization: a byte vocabulary survives that, a character vocabulary would not.
-    """
+    Byte-level, because transformers may reload a qwen2 folder through Qwen2Tokenizer, which re-applies byte-level
+    pre-tokenization: a byte vocabulary survives that, a character vocabulary would not."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     byte_chars = pre_tokenizers.ByteLevel.alphabet()
@@ -2476,11 +2346,9 @@ def demo_grpo_config(cfg: Config) -> Config:
 
 def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, seed: int,
                       prompt_style: str = "plain") -> int:
-    """Teach the answer format on part of the training problems until the policy is partly competent.
-
-    GRPO learns only from groups whose rewards differ, so a policy that is never right gets no signal; one
-    that is always right has nothing left to learn. Stopping at `warmup_target` accuracy gives it room.
-    """
+    """Teach the answer format on part of the training problems until the policy is partly competent. GRPO learns
+    only from groups whose rewards differ, so a policy that is never right gets no signal; one that is always right
+    has nothing left to learn. Stopping at `warmup_target` accuracy gives it room."""
     prompts = [build_prompt(p["question"], tokenizer, prompt_style) for p in problems]
     targets = ["#### " + p["answer"].rsplit("####", 1)[1].strip() + tokenizer.eos_token for p in problems]
     optimizer = torch.optim.AdamW(model.parameters(), lr=demo.warmup_lr)
@@ -2523,11 +2391,9 @@ def is_demo_run(run_dir: Path) -> bool:
 
 
 def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
-    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk.
-
-    The demo starts from scratch each time, so it may clear its own earlier run (marked by demo.json) and
-    nothing else. Under torchrun the main process builds while the others wait, then all train together.
-    """
+    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk. It
+    starts from scratch each time, so it may clear its own earlier run (marked by demo.json) and nothing else.
+    Under torchrun the main process builds while the others wait, then all train together."""
     t0 = time.perf_counter()
     validate_config(cfg)
     run_dir = Path(cfg.output_dir)
@@ -2542,8 +2408,7 @@ def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
         summary = run_phases(dataclasses.replace(cfg, model_path=str(run_dir / "demo_model"),
                                                  dataset=str(run_dir / "demo_data")), run_dir, resume=False)
         summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
-        if is_main():
-            write_json(run_dir / "summary.json", summary)
+        write_json(run_dir / "summary.json", summary)
     print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
           f"in {summary['demo_total_seconds']:.0f}s")
     return summary
