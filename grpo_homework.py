@@ -751,8 +751,8 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
     torchrun each process answers every world-size-th problem and all records are gathered, in order."""
     from tqdm.auto import tqdm
     rank, world_size = world()
-    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)),
-                        batch_size=cfg.eval_batch_size, shuffle=False, collate_fn=lambda b: collate_prompts(b, tokenizer))
+    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)), cfg.eval_batch_size,
+                        collate_fn=lambda b: collate_prompts(b, tokenizer))
     records = []
     for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None if rank == 0 else True):
         out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(    # halving splits the batch
@@ -1571,6 +1571,7 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     metrics = read_jsonl(run_dir / "metrics.jsonl", key="step") if is_main() else []
+    metrics = [{"entropy": None, **m} for m in metrics]               # records from before entropy was logged
     if not metrics:
         return []
     if summary is None:
@@ -1578,9 +1579,10 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     plots = own_path(run_dir / "plots", folder=True)
     plots.mkdir(exist_ok=True)
     steps = [m["step"] for m in metrics]
-    column = lambda key: [math.nan if m.get(key) is None else m[key] for m in metrics]   # None: a gap (entropy)
+    column = lambda key: [math.nan if m[key] is None else m[key] for m in metrics]   # None: a gap (entropy)
     rewards, window = column("reward_mean"), max(1, len(metrics) // 20)     # a moving mean from 40 steps on
-    has_kl = "kl_ref" in metrics[0]
+    kl = [("clip fraction", column("clipfrac")), ("approx KL to sampler", column("approx_kl"))] + (
+        [("k3 KL to reference", column("kl_ref"))] if "kl_ref" in metrics[0] else [])
     moving = [sum(rewards[max(0, i + 1 - window):i + 1]) / min(i + 1, window) for i in range(len(rewards))]
     accuracy = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color) for when, key, color in
                 (("before", "accuracy_before", "tab:red"), ("after", "accuracy_after", "tab:green")) if key in summary]
@@ -1589,8 +1591,7 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
             (f"moving mean ({window} steps)", moving)] * (window > 1), accuracy),
         "length.png": ("Completion length", "tokens", [("mean", column("completion_len_mean")),
                                                        ("max", column("completion_len_max"))], []),
-        "clip_kl.png": ("Clip fraction and KL", "value", [("clip fraction", column("clipfrac")), ("approx KL to "
-                        "sampler", column("approx_kl"))] + [("k3 KL to reference", column("kl_ref"))] * has_kl, []),
+        "clip_kl.png": ("Clip fraction and KL", "value", kl, []),
         "entropy.png": ("Entropy of the policy on its samples (per completion token)", "nats",
                         [("mean over the completions the update ran", column("entropy"))], []),
     }
@@ -1688,8 +1689,9 @@ def seed_everything(seed: int) -> None:
 
 class AdamWStochasticRounding(torch.optim.Optimizer):
     """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding.
-    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 nearly all. Rounding up or down with probability proportional to the distance keeps the expected weight equal to the
-    fp32 one. fp32 weights get ordinary AdamW. The step works through each tensor in slices of SLICE elements, so
+    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 nearly all.
+    Rounding up or down with probability proportional to the distance keeps the expected weight equal to the fp32
+    one. fp32 weights get ordinary AdamW. The step works through each tensor in slices of SLICE elements, so
     its fp32 temporaries stay ~100 MB even for Qwen2.5-1.5B's 233M-element embedding (whole, they would be ~5 GiB:
     the peak of a 24 GB card). The rounding noise comes from a generator of its own, seeded alike on every process,
     so DDP replicas that apply the same averaged gradient round it the same way and stay identical."""
@@ -2037,8 +2039,8 @@ def load_split(dataset: str, split: str):
     local = Path(dataset)
     looks_local = dataset.startswith((".", "/", "~")) or local.exists()
     if looks_local and not local.is_dir():
-        raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there "
-                        f"(e.g. `git clone https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
+        raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there (e.g. `git clone "
+                        f"https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
     try:
         if looks_local:   # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
             with tempfile.TemporaryDirectory() as cache:
@@ -2428,8 +2430,7 @@ def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     steps = supervised_warmup(model, tokenizer, train[: len(train) // 2], demo, cfg.seed, cfg.prompt_style)
     print(f"demo: tiny Qwen2 ({sum(p.numel() for p in model.parameters()):,} parameters) warmed up for {steps} "
           f"supervised steps in {time.perf_counter() - t0:.0f}s")
-    model.save_pretrained(run_dir / "demo_model")
-    tokenizer.save_pretrained(run_dir / "demo_model")
+    save_model(run_dir / "demo_model", model, tokenizer)
     return steps
 
 
