@@ -208,7 +208,7 @@ class GSM8KDataset(Dataset):
     def extract_answer(answer_str):
         """Gold number after the last '####' of a GSM8K answer, thousands separators removed; None if absent.
         A dataset that stores the answer as a plain number works too."""
-        if type(answer_str) in (int, float):
+        if isinstance(answer_str, (int, float)) and not isinstance(answer_str, bool):
             return float(answer_str) if math.isfinite(answer_str) else None
         if not isinstance(answer_str, str) or "####" not in answer_str:
             return None
