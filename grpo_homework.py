@@ -2063,8 +2063,8 @@ def enough_rows(rows, split: str, dataset: str = ""):
     """`rows`, unless the split asked for [:N] and fewer came (datasets clamps a slice silently)."""
     asked = re.fullmatch(r"(\w+)\[:(\d+)\]", split)
     if asked and len(rows) < int(asked.group(2)):
-        raise UserError(f"there are only {len(rows)} {'generated ' * (not dataset)}{asked.group(1)} problems"
-                        f"{' in ' * bool(dataset)}{dataset} (lower --train-size / --eval-size)")
+        what = f"{asked.group(1)} problems in {dataset}" if dataset else f"generated {asked.group(1)} problems"
+        raise UserError(f"there are only {len(rows)} {what} (lower --train-size / --eval-size)")
     return rows
 
 

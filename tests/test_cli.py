@@ -174,17 +174,24 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, 
     assert json.loads((out / "summary.json").read_text())["steps"] == steps + 1
 
 
-def test_out_of_memory_halves_the_micro_batch_then_gives_a_clear_error():
+@pytest.mark.parametrize("error, fits_at, calls", [
+    (torch.OutOfMemoryError("CUDA out of memory"), 2, [8, 4, 2]),
+    # an allocation failure that a library reports as a plain RuntimeError is halved too
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), 4, [8, 4])])
+def test_out_of_memory_halves_the_micro_batch(error, fits_at, calls):
     cfg = gh.Config(micro_batch_size=8)
-    calls = []
+    seen = []
 
     def step():
-        calls.append(cfg.micro_batch_size)
-        if cfg.micro_batch_size > 2:
-            raise torch.OutOfMemoryError("CUDA out of memory")
+        seen.append(cfg.micro_batch_size)
+        if cfg.micro_batch_size > fits_at:
+            raise error
         return "done"
+    assert gh.halve_on_oom(cfg, "micro_batch_size", step) == "done" and seen == calls
 
-    assert gh.halve_on_oom(cfg, "micro_batch_size", step) == "done" and calls == [8, 4, 2]
+
+def test_out_of_memory_at_the_floor_is_a_clear_error_and_other_errors_pass_through():
+    cfg = gh.Config(micro_batch_size=2)
 
     def always():
         raise torch.OutOfMemoryError("CUDA out of memory")
@@ -194,18 +201,6 @@ def test_out_of_memory_halves_the_micro_batch_then_gives_a_clear_error():
     with pytest.raises(gh.UserError):
         gh.halve_on_oom(cfg, "generation_batch_size", always)
     assert cfg.generation_batch_size == 4                 # never below one whole group
-
-
-def test_an_allocation_failure_reported_as_a_plain_runtime_error_is_halved_too():
-    cfg = gh.Config(micro_batch_size=8)
-    calls = []
-
-    def step():
-        calls.append(cfg.micro_batch_size)
-        if cfg.micro_batch_size > 4:
-            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
-        return "done"
-    assert gh.halve_on_oom(cfg, "micro_batch_size", step) == "done" and calls == [8, 4]
     with pytest.raises(RuntimeError, match="shape mismatch"):                  # other errors are not swallowed
         gh.halve_on_oom(cfg, "micro_batch_size", lambda: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
 
