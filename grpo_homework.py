@@ -5,29 +5,25 @@ For every batch of prompts the policy samples a group of completions per prompt,
 the policy takes a PPO-style clipped step on its own samples. No value network, no reward model.
 
 Method choices (each a flag; the defaults are the GRPO paper's unless noted):
-- Advantages: (r - group mean) / (group std + eps), std unbiased; a group whose rewards are all equal gets
-  exactly 0. `--advantage drgrpo` drops the std division (Dr. GRPO).
-- Loss reduction: mean over each completion's tokens, then over completions (`--loss-agg seq-mean`);
-  `token-mean` (DAPO) and `drgrpo` (sum / max-new-tokens) are flags.
-- Masking: a completion's tokens up to and including its first EOS count; everything after is masked by
-  position, never by token value (Qwen's pad token is one of its EOS tokens). Completions cut at
-  `--max-new-tokens` are counted, and `--mask-truncated` drops them from the loss.
-- Sampling: exactly the distribution the loss assumes: softmax(logits / temperature) with temperature 1.0,
-  no top-k, top-p or repetition penalty, whatever the model's generation_config says. Log-probs are recomputed
-  with the same left padding, attention mask, positions and temperature.
-- Old policy: with one PPO epoch (the default) the old log-probs are the current ones detached, so the first
-  ratio is exactly 1 and no extra forward pass is spent. `--ppo-epochs N` computes them once up front.
-- Learning rate: linear warm-up over `--lr-warmup-steps`, then constant; `--lr-decay` lets it fall linearly
-  towards 0 at the run's last step instead (a short run can start fast and still end with small steps).
-- Precision: bf16 weights on GPUs that compute it natively, updated by AdamW whose step is computed in fp32 (in
-  slices) and written back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere.
-  Log-softmax is taken in fp32 over chunks of completion positions only, never over a full (sequences x
-  positions x vocab) tensor.
-- Memory: gradient checkpointing on CUDA, update micro-batches with exact gradient accumulation, KV cache
-  in generation. Rows with advantage 0 (groups whose rewards are all equal) skip the update's forward and
-  backward: their gradient is exactly 0 (unless a KL penalty is on). A group's completions share one pass
-  over their prompt: in generation its KV cache is computed once and copied to the G samples; in the update
-  they are packed behind it with a mask that lets each see only the prompt and itself.
+- Advantages: (r - group mean) / (group std + eps), std unbiased; a group of equal rewards gets exactly 0.
+  `--advantage drgrpo` drops the std division (Dr. GRPO).
+- Loss: mean over each completion's tokens, then over completions (`--loss-agg seq-mean`); `token-mean` (DAPO)
+  and `drgrpo` (sum / max-new-tokens) are flags. Old policy: with one PPO epoch (the default) the old log-probs
+  are the current ones detached, so the ratio is exactly 1; `--ppo-epochs N` computes them once up front.
+- Masking by position, never by token value (Qwen's pad token is one of its EOS tokens): a completion's tokens
+  up to and including its first EOS count. `--mask-truncated` drops completions cut at `--max-new-tokens`.
+- Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), T = 1, no top-k, top-p
+  or repetition penalty, whatever the model's generation_config says; log-probs are recomputed with the same
+  left padding, attention mask, positions and temperature.
+- Learning rate: linear warm-up over `--lr-warmup-steps`, then constant, or with `--lr-decay` falling linearly
+  towards 0 at the run's last step.
+- Precision: bf16 weights on GPUs that compute it natively, updated by AdamW in fp32 (in slices) and written
+  back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere. Log-softmax in fp32
+  over chunks of completion positions, never over a whole (sequences x positions x vocab) tensor.
+- Memory and speed: gradient checkpointing on CUDA, micro-batches with exact gradient accumulation, KV cache in
+  generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
+  a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
+  generation, and in the update its completions packed behind the prompt, each seeing the prompt and itself.
 - Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
 
 Run:
@@ -90,8 +86,7 @@ class Config:
     # data
     task: str = _flag("gsm8k", "gsm8k; arithmetic or two-step (generated word problems, GSM8K's answer format); "
                       "countdown (numbers game)", choices=["gsm8k", "arithmetic", "two-step", "countdown"])
-    dataset: str = _flag("./gsm8k", "local hub-layout folder or hub id; '' = the task's generated problems (the "
-                         "default for every task but gsm8k)")
+    dataset: str = _flag("./gsm8k", "hub-layout folder or hub id; '' = the task's generated problems (not gsm8k)")
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
     eval_size: int = _flag(200, "test problems for the greedy accuracy before and after training (0 = all)")
     prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
@@ -362,16 +357,13 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a completion: the model's generation_config EOS list plus the tokenizer's EOS."""
     ids = getattr(model.generation_config, "eos_token_id", None)
-    ids = list(ids) if isinstance(ids, (list, tuple)) else ([] if ids is None else [ids])
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return sorted(set(ids))
+    ids = [*(ids if isinstance(ids, (list, tuple)) else [ids]), tokenizer.eos_token_id]
+    return sorted({i for i in ids if i is not None})
 
 
 def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int):
-    """A GenerationConfig with every sampling knob set, so nothing is inherited from the model's config.
-    Qwen2.5-Instruct ships temperature 0.7, top_p 0.8, top_k 20 and repetition_penalty 1.1; any of them would make
-    the sampler's distribution differ from the softmax(logits / T) that the loss assumes."""
+    """Every sampling knob set: Qwen2.5-Instruct's generation_config (temperature 0.7, top_p 0.8, top_k 20,
+    repetition_penalty 1.1) would otherwise make the sampler differ from the softmax(logits / T) the loss assumes."""
     from transformers import GenerationConfig
     params = GenerationConfig()._get_default_generation_params()
     params.update(max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True)
@@ -442,14 +434,12 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     is_eos = torch.isin(new_tokens, torch.tensor(eos_ids, device=new_tokens.device))
     # Position of the first EOS (width when none): tokens up to and including it are the completion.
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), width)  # [rows]
-    positions = torch.arange(width, device=new_tokens.device)
-    completion_mask = (positions.unsqueeze(0) <= first_eos.unsqueeze(1)) & (positions.unsqueeze(0) < width)
+    completion_mask = torch.arange(width, device=new_tokens.device)[None] <= first_eos[:, None]   # [rows, new]
     truncated = ~is_eos.any(1)
     completions = [tokenizer.decode(row[: int(n)], skip_special_tokens=True)
                    for row, n in zip(new_tokens.tolist(), first_eos.tolist())]
-    ones = torch.ones_like(new_tokens)
     return {"output_ids": torch.cat([prompt_ids, new_tokens], dim=1),
-            "attention_mask": torch.cat([prompt_mask, ones], dim=1),
+            "attention_mask": torch.cat([prompt_mask, torch.ones_like(new_tokens)], dim=1),
             "completion_mask": torch.cat([torch.zeros_like(prompt_ids), completion_mask.long()], dim=1),
             "prompt_length": prompt_length, "completions": completions, "truncated": truncated,
             "completion_lengths": completion_mask.sum(1)}
@@ -494,10 +484,9 @@ def position_ids_from_mask(attention_mask):
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
-    """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) and column 0 = 0. The textbook
-    operation on whatever batch it is given; with prompt_length, columns before it are 0. It holds the whole [batch,
-    seq, vocab] logits, so the training loop calls completion_logprobs (below) instead: the same numbers, tested
-    equal in value and gradient, computed where they are needed and in chunks."""
+    """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]), column 0 = 0 (and columns before
+    prompt_length when given). It holds the whole [batch, seq, vocab] logits, so the training loop calls
+    completion_logprobs (below): the same numbers, tested equal in value and gradient, in chunks."""
     # Positions from the mask, as generate() numbered them: a left-padded row scores as it would unpadded.
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                    position_ids=position_ids_from_mask(attention_mask)).logits               # [batch, seq, vocab]
@@ -511,11 +500,9 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 def completion_logprobs(model, input_ids, attention_mask, prompt_length: int, *, temperature=1.0,
                         chunk_size=Config.logprob_chunk_size, with_entropy=False):
-    """compute_logprobs_from_model(..., prompt_length=...) as the update needs it, in memory and time. Hidden states
-    only where a completion token is predicted; the LM head and log-softmax in chunks of `chunk_size` positions with
-    the backward recomputing them (ChunkedTokenLogprobs); and rows that share a prompt (a GRPO group) computed with
-    one pass over it (shared_prompt_hidden). with_entropy: also each position's entropy of softmax(logits / T)
-    (token_entropy), from the same chunks, without gradient."""
+    """compute_logprobs_from_model(..., prompt_length=...) as the update needs it: hidden states only where a
+    completion token is predicted, the LM head and log-softmax in chunks (ChunkedTokenLogprobs), one pass over a
+    prompt for the rows that share it (shared_prompt_hidden). with_entropy: also token_entropy, without gradient."""
     start = max(1, int(prompt_length))
     batch, seq = input_ids.shape
     if start >= seq:
@@ -550,10 +537,9 @@ class PolicyLogprobs(torch.nn.Module):
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """The rollout less its rows with advantage 0 (groups whose samples all got the same reward: common once the
-    policy is good), whose surrogate and gradient are exactly 0: the loss is still normalized by the full batch.
-    Not with a KL penalty, which pulls on every row. Under torchrun every process keeps as many rows as the one
-    with the most (adding zero rows): FSDP gathers weights on every forward, so all run as many micro-batches."""
+    """The rollout less its rows with advantage 0 (groups of equal rewards), whose surrogate and gradient are exactly
+    0; the loss is still normalized by the full batch. Not with a KL penalty, which pulls on every row. Under
+    torchrun all keep as many rows as the process with the most: FSDP needs as many forwards on every process."""
     if cfg.kl_coef > 0:
         return rollout
     keep = rollout.advantages != 0                                          # [rows]
@@ -600,8 +586,7 @@ def rollout_logprobs(scorer, rollout: Rollout, cfg: Config) -> torch.Tensor:
 
 
 def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None, *, scorer=None) -> dict:
-    """`cfg.ppo_epochs` clipped policy-gradient steps on one rollout, gradients accumulated over micro-batches.
-    scorer: the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun (gradients averaged once a step)."""
+    """`cfg.ppo_epochs` clipped policy-gradient steps on one rollout, gradients accumulated over micro-batches."""
     scorer = scorer or PolicyLogprobs(model)
     params = [p for p in model.parameters() if p.requires_grad]
     rows_all, (tokens_all,) = len(rollout.loss_mask), all_reduce(rollout.loss_mask.sum().item())
@@ -621,22 +606,21 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
         optimizer.zero_grad(set_to_none=True)
         epoch_loss = 0.0
         for i, (rows, used) in enumerate(chunks):
-            with gradient_sync(scorer, enabled=i == len(chunks) - 1):
-                mask = rollout.loss_mask[rows, :used]
-                logprobs, entropy = micro_batch_logprobs(scorer, rollout, rows, used, cfg, True)  # [rows, used]
-                if epoch == 0:                  # tensors: no device sync per micro-batch
-                    entropy_sum, entropy_tokens = entropy_sum + entropy[mask].sum(), entropy_tokens + mask.sum()
-                old_lp = logprobs.detach() if old is None else old[rows, :used]
-                loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device),
-                                                     mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
-                                                     loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens,
-                                                     return_stats=True)
-                weight = weights[i]
-                if ref is not None:
-                    kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
-                    loss = loss + cfg.kl_coef * kl
-                    stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
-                (loss * weight).backward()
+            gradient_sync(scorer, enabled=i == len(chunks) - 1)
+            mask = rollout.loss_mask[rows, :used]
+            logprobs, entropy = micro_batch_logprobs(scorer, rollout, rows, used, cfg, True)      # [rows, used]
+            if epoch == 0:                  # tensors: no device sync per micro-batch
+                entropy_sum, entropy_tokens = entropy_sum + entropy[mask].sum(), entropy_tokens + mask.sum()
+            old_lp = logprobs.detach() if old is None else old[rows, :used]
+            loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device), mask,
+                                                 cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
+                                                 num_tokens=cfg.max_new_tokens, return_stats=True)
+            weight = weights[i]
+            if ref is not None:
+                kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
+                loss = loss + cfg.kl_coef * kl
+                stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
+            (loss * weight).backward()
             epoch_loss += weight * loss.item()
             stats["clipfrac"] += weight / covered * mb_stats["clipfrac"] / cfg.ppo_epochs
             stats["approx_kl"] += weight / covered * mb_stats["approx_kl"] / cfg.ppo_epochs
@@ -682,7 +666,7 @@ class TrainingInterrupted(Exception):
     """Ctrl-C arrived; the loop stopped after the step in flight."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoopExtras:
     """What a full run hands train_grpo beyond the template's arguments; the defaults give the plain loop."""
     scorer: Any = None                  # the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun
@@ -818,8 +802,7 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
     except UserError:
         raise
     except (KeyboardInterrupt, Exception) as e:      # any failure (a full disk in safetensors, NaN sampling): one line
-        cause = "interrupted" if isinstance(e, KeyboardInterrupt) else \
-            f"failed ({first_line(e)})"
+        cause = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({first_line(e)})"
         if not (run_dir / "config.json").exists():
             raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
         launch = f"torchrun --nproc_per_node={world()[1]}" if world()[1] > 1 else "python"
@@ -831,14 +814,13 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
-    checkpoint = last_checkpoint(run_dir) if resume else None
+    steps = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()] if resume else []
+    checkpoint = max(steps, key=lambda p: int(p.name.split("-")[1]), default=None)      # the newest
 
     print("Loading tokenizer and model...")
     model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
-    ref_model = None
-    if cfg.kl_coef > 0:                         # the KL penalty's frozen copy of the starting model
-        ref_model, _ = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)
-        ref_model.requires_grad_(False)
+    ref_model = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False) \
+        if cfg.kl_coef > 0 else None            # the KL penalty's frozen copy of the starting model
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
     model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
@@ -871,7 +853,8 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
                         f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, cfg.lr_warmup_steps, decay_end))
-    run = Run(cfg, run_dir, device, model, tokenizer, scorer, ref_model, optimizer, scheduler, loader, eval_set)
+    run = Run(cfg, run_dir, device, model, tokenizer, optimizer, loader, eval_set, scorer=scorer, ref_model=ref_model,
+              scheduler=scheduler)
     open_record(run, checkpoint, resume)
     return run
 
@@ -910,7 +893,6 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 
 
 # ----- Command line and validation -----
-
 
 def flag_name(field_name: str) -> str:
     """The command-line flag of a Config field: group_size -> --group-size."""
@@ -961,10 +943,10 @@ def validate_config(cfg: Config) -> None:
             require(value in f.metadata["choices"], f"{flag_name(f.name)} must be one of "
                                                     f"{', '.join(f.metadata['choices'])} (not {value!r})")
     require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
-    require(cfg.max_new_tokens > 0, "--max-new-tokens must be positive")
     require(cfg.temperature >= 1e-3, "--temperature must be at least 0.001 (sampling and log-probs divide by it)")
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
-                 "ppo_epochs", "logprob_chunk_size", "max_prompt_length", "learning_rate", "max_grad_norm"):
+                 "ppo_epochs", "max_new_tokens", "logprob_chunk_size", "max_prompt_length", "learning_rate",
+                 "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
     for name in ("train_size", "eval_size", "max_steps", "save_every", "plot_every", "show_examples",
                  "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
@@ -977,18 +959,18 @@ def validate_config(cfg: Config) -> None:
     require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
+    require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device), f"--device must be auto, cpu, cuda or cuda:N: this "
+                                                              f"script trains on cpu or cuda only (not {cfg.device!r})")
     require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
-    try:                       # tokenizers writes by name and needs UTF-8; checkpoints add ~80 characters
-        out = os.path.abspath(os.path.expanduser(cfg.output_dir)).encode()
-    except UnicodeEncodeError:
-        raise UserError("--output-dir must be a UTF-8 path (the tokenizer's files are written by name)") from None
+    require(cfg.output_dir.encode(errors="ignore").decode() == cfg.output_dir,     # tokenizers needs UTF-8 names
+            "--output-dir must be a UTF-8 path (the tokenizer's files are written by name)")
+    out = os.path.abspath(os.path.expanduser(cfg.output_dir)).encode()      # checkpoints add ~80 characters
     require(len(out) < 3900 and max(map(len, out.split(b"/"))) < 200, "--output-dir is too long for a run's files")
     require(cfg.task != "gsm8k" or cfg.dataset.strip() != "", "--task gsm8k has no generated problems: pass --dataset "
                                                               "(GSM8K in hub layout, or a hub id)")
 
 
-# Flags a resumed run may change: how it runs, not what it learns. Any other change would make one run's
-# record describe two different trainings.
+# Flags a resumed run may change: how it runs, not what it learns (else one record would describe two trainings).
 RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "show_examples", "device",
                      "generation_batch_size", "micro_batch_size", "eval_batch_size", "logprob_chunk_size",
                      "gradient_checkpointing", "check_replicas"}
@@ -996,11 +978,10 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "sho
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    if (run_dir / "config.json").is_file():
-        read_json(run_dir / "config.json")                  # a damaged record says so, not "not a run directory"
+    record = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}   # damaged: says so
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
-    saved = read_json(run_dir / "config.json")["config"]
+    saved = record["config"]
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
         raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
@@ -1019,9 +1000,8 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     for key in ("model_path", "dataset", "output_dir"):     # a shell leaves ~ alone after '=' or inside quotes
         if isinstance(explicit.get(key), str) and explicit[key].startswith("~"):
             explicit[key] = os.path.expanduser(explicit[key])
-    for mode in ("resume", "report"):               # '' is an unset shell variable, not "no --resume"
-        if getattr(args, mode) == "":
-            raise UserError(f"--{mode} needs a RUN_DIR (it is empty)")
+    if "" in (args.resume, args.report):            # '' is an unset shell variable, not "no --resume"
+        raise UserError(f"--{'resume' if args.resume == '' else 'report'} needs a RUN_DIR (it is empty)")
     args.resume, args.report = (os.path.expanduser(p) if p else p for p in (args.resume, args.report))
     modes = [name for name in ("demo", "resume", "report") if getattr(args, name)]
     if len(modes) > 1:
@@ -1073,8 +1053,7 @@ def check_ctrl_c() -> None:
 
 @contextlib.contextmanager
 def ctrl_c_latch():
-    """Latch Ctrl-C while the block runs; keep quiet about one Python dropped (it is raised again) and about
-    finalizers failing after one."""
+    """Latch Ctrl-C while the block runs; quiet about one Python dropped (raised again) and finalizers after it."""
     _ctrl_c.update(pressed=False, training=False, asked=0.0)
     previous = signal.signal(signal.SIGINT, on_ctrl_c), sys.unraisablehook
     sys.unraisablehook = lambda u: None if _ctrl_c["pressed"] else previous[1](u)
@@ -1129,8 +1108,7 @@ def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Ca
 
 
 def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
-    """An exclusive lock on RUN_DIR/run.lock, which the system drops when the process dies (None: no lock file
-    and `create` false); UserError while another process holds it."""
+    """An exclusive lock on RUN_DIR/run.lock (the system drops it when the process dies); UserError if held."""
     import fcntl
     if not create and not (run_dir / RUN_LOCK).exists():
         return None
@@ -1146,10 +1124,9 @@ def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
 @contextlib.contextmanager
 def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     clearable: Callable[[Path], bool] = lambda path: False):
-    """Hold RUN_DIR (locked) for this run alone, from before any work until the run ends. A new run takes a folder
-    that is new or empty, or one `clearable` says it may empty (the demo's own earlier run). If this run never
-    wrote its config.json (bad input, or stopped while loading), what the claim made is removed again.
-    Under torchrun the main process claims and every process hears of a refusal."""
+    """Hold RUN_DIR (locked) for this run alone until it ends: new or empty, or emptied when `clearable` says so (the
+    demo's own earlier run). If no config.json was written (bad input, or stopped while loading), what the claim
+    made is removed again. Under torchrun the main process claims and every process hears of a refusal."""
     error, lock, made = None, None, []
     if is_main():
         try:
@@ -1184,20 +1161,17 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
 
 
 @dataclass
-class Run:
-    """What the phases of one run share: the loaded pieces, where training stands, and the run's summary."""
+class Run(LoopExtras):
+    """What the phases of one run share: the loaded pieces, where training stands, and the run's summary. It is
+    also what train_grpo gets as its extras (scorer, reference model, schedule, start, and the callbacks)."""
     cfg: Config
     run_dir: Path
     device: torch.device
     model: Any
     tokenizer: Any
-    scorer: torch.nn.Module        # the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun
-    ref_model: Any
     optimizer: torch.optim.Optimizer
-    scheduler: Any
     loader: DataLoader
     eval_set: GSM8KDataset
-    start: dict = field(default_factory=lambda: {"step": 0, "epoch": 0, "batch_in_epoch": 0})   # continue here
     summary: dict = field(default_factory=dict)
     t_start: float = field(default_factory=time.perf_counter)
     last_record: dict | None = None   # the last step trained in this process
@@ -1205,8 +1179,7 @@ class Run:
 
 
 def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
-    """Continue from `checkpoint` (optimizer, schedule, random streams, data position) when there is one, trim
-    metrics.jsonl to it, and record the run's config."""
+    """Continue from `checkpoint` when there is one, trim metrics.jsonl to it, and record the run's config."""
     import transformers
     cfg, run_dir, (rank, world_size) = run.cfg, run.run_dir, world()
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
@@ -1288,10 +1261,9 @@ def train_phase(run: Run) -> None:
         torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
     _ctrl_c.update(training=True, asked=0.0)
     try:
-        extras = LoopExtras(run.scorer, run.ref_model, run.scheduler, run.start, on_step,
-                            stop_flag=lambda: bool(_ctrl_c["asked"]))
+        run.on_step, run.stop_flag = on_step, lambda: bool(_ctrl_c["asked"])
         train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
-                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, extras=extras)
+                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, extras=run)
     except TrainingInterrupted:
         checkpoint_now(run)
         write_plots(run_dir, run.summary)
@@ -1313,7 +1285,9 @@ def finish_run(run: Run) -> None:
     before = run.summary["before"]
     print(f"Accuracy before training: {before['accuracy']:.2%}")
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
-    print_examples(read_jsonl(run_dir / "eval_before.jsonl"), after_records, cfg.show_examples)
+    show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
+    for b, a in list(zip(read_jsonl(run_dir / "eval_before.jsonl"), after_records))[:cfg.show_examples]:
+        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {show(b)} | after: {show(a)}")
     replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, run.scorer))
     run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
@@ -1399,16 +1373,16 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
 def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, stats: dict, cfg: Config, lr: float,
                 gen_seconds: float, update_seconds: float) -> dict:
     """One line of metrics.jsonl: every process's samples, the slowest process's seconds."""
-    rollout = gather_rollout_stats(rollout)
+    rewards, lengths, truncated = (torch.cat(parts).float() for parts in zip(*gather_objects(
+        (rollout.rewards.cpu(), rollout.completion_lengths.cpu(), rollout.truncated.cpu()))))
     gen_seconds, update_seconds = all_reduce(gen_seconds, update_seconds, op="max")
-    grouped = rollout.rewards.view(-1, cfg.group_size)
-    lengths = rollout.completion_lengths.float()
-    record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rollout.rewards),
-              "reward_mean": rollout.rewards.mean().item(), "reward_std": rollout.rewards.std().item(),
+    grouped = rewards.view(-1, cfg.group_size)
+    record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
+              "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
               "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
               **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped", "entropy")},
               "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
-              "truncated_frac": rollout.truncated.float().mean().item(), "lr": lr,
+              "truncated_frac": truncated.mean().item(), "lr": lr,
               "gen_seconds": gen_seconds, "update_seconds": update_seconds,
               "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9)}
     if cfg.kl_coef > 0:
@@ -1419,15 +1393,8 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, st
     return record
 
 
-def print_examples(before: list[dict], after: list[dict], count: int) -> None:
-    show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
-    for b, a in list(zip(before, after))[:count]:
-        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {show(b)} | after: {show(a)}")
-
-
 def whole_state(scorer, optimizer=None, load: dict | None = None):
-    """Under FSDP: the model's (or optimizer's) state gathered whole on the main process, or `load` spread
-    back over the shards."""
+    """Under FSDP: the model's (or optimizer's) state gathered whole on the main process, or `load` spread back."""
     from torch.distributed.checkpoint import state_dict as sd
     options = sd.StateDictOptions(full_state_dict=True, cpu_offload=load is None)
     if load is not None:
@@ -1487,8 +1454,7 @@ TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 
 def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(PATH.tmp) then rename it over PATH, as replace_file does for a file. Under torchrun every process
-    takes part in write (FSDP gathers) and the main process renames."""
+    """replace_file for a folder. Every process takes part in write (FSDP gathers); the main process renames."""
     tmp = path.with_name(path.name + ".tmp")
     if is_main():
         for folder in (path, tmp):
@@ -1501,8 +1467,7 @@ def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None) -> Path:
-    """Everything needed to continue bit-for-bit: weights, optimizer, schedule, data position and every
-    process's random streams. scorer: the policy's PolicyLogprobs as wrapped for the processes."""
+    """Everything needed to continue bit-for-bit: weights, optimizer, schedule, data position, random streams."""
     from safetensors.torch import save_file
 
     def write(tmp: Path) -> None:
@@ -1538,13 +1503,7 @@ def load_trainer_state(checkpoint: Path) -> dict:
     return state
 
 
-def last_checkpoint(run_dir: Path) -> Path | None:
-    steps = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()]
-    return max(steps, key=lambda p: int(p.name.split("-")[1]), default=None)
-
-
 # ----- Plots and before/after answers -----
-
 
 def redraw_report(run_dir: Path) -> None:
     """--report: plots and before_after.md of a run, drawn again from its records."""
@@ -1645,12 +1604,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto" and not torch.cuda.is_available():
         print("warning: no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for "
               "Qwen2.5-1.5B)", file=sys.stderr)
-    try:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
-    except RuntimeError as e:
-        raise UserError(f"--device {name}: {e}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UserError(f"--device {name}: this script trains on cpu or cuda only")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     if device.type == "cuda":
         if (device.index or 0) >= torch.cuda.device_count():
             raise UserError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs here")
@@ -1688,13 +1642,11 @@ def seed_everything(seed: int) -> None:
 
 
 class AdamWStochasticRounding(torch.optim.Optimizer):
-    """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding.
-    Round-to-nearest drops any update smaller than half a bf16 ulp (~0.4% of the weight): at lr 1e-6 nearly all.
-    Rounding up or down with probability proportional to the distance keeps the expected weight equal to the fp32
-    one. fp32 weights get ordinary AdamW. The step works through each tensor in slices of SLICE elements, so
-    its fp32 temporaries stay ~100 MB even for Qwen2.5-1.5B's 233M-element embedding (whole, they would be ~5 GiB:
-    the peak of a 24 GB card). The rounding noise comes from a generator of its own, seeded alike on every process,
-    so DDP replicas that apply the same averaged gradient round it the same way and stay identical."""
+    """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding (fp32 weights
+    get ordinary AdamW). Round-to-nearest drops any update below half a bf16 ulp (~0.4% of the weight): at lr 1e-6
+    nearly all; rounding up or down with probability proportional to the distance keeps the expected weight exact.
+    Slices of SLICE elements keep the fp32 temporaries ~100 MB (whole, Qwen's embedding would need ~5 GiB). The
+    noise has its own generator, seeded alike on every process, so DDP replicas round alike and stay identical."""
     SLICE = 1 << 22
 
     def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0):
@@ -1775,16 +1727,13 @@ def optimizer_step(model, optimizer) -> None:
     except RuntimeError as e:
         if not is_out_of_memory(e):
             raise
-        params = [p for p in model.parameters() if p.requires_grad]
-        weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
-        grads = sum(p.numel() * p.element_size() for p in params) / 2**30
-        moments = sum(p.numel() * 8 for p in params) / 2**30
-        card = f" of the GPU's {torch.cuda.mem_get_info()[1] / 2**30:.1f}" if torch.cuda.is_available() else ""
-        raise UserError(f"out of memory in the optimizer step: weights {weights:.1f} GiB + gradients {grads:.1f} GiB + "
-                        f"AdamW moments {moments:.1f} GiB (fp32) do not fit beside the rest{card} GiB. Smaller "
-                        f"batches do not help here; a smaller model, --dtype bfloat16 if the weights are float32, "
-                        f"no --kl-coef (its reference model), or several GPUs with torchrun --parallel fsdp would. "
-                        f"This step was not applied and no checkpoint was written after it") from None
+        trained = [p for p in model.parameters() if p.requires_grad]
+        gib = lambda params, size=0: sum(p.numel() * (size or p.element_size()) for p in params) / 2**30
+        raise UserError(f"out of memory in the optimizer step: weights {gib(model.parameters()):.1f} GiB + gradients "
+                        f"{gib(trained):.1f} GiB + AdamW moments {gib(trained, 8):.1f} GiB (fp32) do not fit beside "
+                        f"the rest. Smaller batches do not help here; a smaller model, --dtype bfloat16 if the weights "
+                        f"are float32, no --kl-coef (its reference model), or torchrun --parallel fsdp would. This "
+                        f"step was not applied and no checkpoint was written after it") from None
 
 
 def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
@@ -1805,8 +1754,7 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
                 raise UserError(f"out of GPU memory even at {flag_name(knob)} {size}: lower --max-new-tokens,"
                                 f" --group-size or --batch-size") from None
             setattr(cfg, knob, max(floor, (size // 2) // floor * floor))
-            print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}",
-                  file=sys.stderr)
+            print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}", file=sys.stderr)
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
@@ -1869,12 +1817,10 @@ def prompt_segments(input_ids, attention_mask, start: int):
 
 
 def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
-    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once. A segment
-    is packed into one sequence [prompt, completion 1, ..., completion k]. A completion attends to the prompt's keys
-    and to its own earlier tokens only, at the positions it had in its own row, so every state equals the unpacked
-    one (up to float summation order), and gradients reach the weights through the prompt's keys and values from all
-    k completions. This is the prefix sharing of a KV cache done as one forward pass, because gradient checkpointing
-    drops a KV cache passed to a layer."""
+    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once: a segment
+    is packed as [prompt, completion 1, ..., completion k], each completion attending to the prompt and its own
+    earlier tokens at its own row's positions, so every state equals the unpacked one (up to summation order). A
+    KV cache done as one forward pass, because gradient checkpointing drops a KV cache passed to a layer."""
     rows, seq = input_ids.shape
     length, device = seq - start, input_ids.device
     counts = torch.bincount(segment)                                         # [segments]
@@ -1901,8 +1847,7 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
     allowed |= torch.eye(width, dtype=torch.bool, device=device)            # pad rows see themselves, not NaN
     mask = allowed[:, None]                                                  # [segments, 1, q, k]
     if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
-        mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask,
-                                                                                   torch.finfo(body.dtype).min)
+        mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask, torch.finfo(body.dtype).min)
     hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
     source = cols - 1
     source[:, 0] = start - 1                                                 # the prompt's last state
@@ -1910,7 +1855,6 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
 
 
 # ----- Several processes: torchrun runs one copy per device; each helper is a no-op in a single process -----
-
 
 def world() -> tuple[int, int]:
     """(this process's rank, number of processes)."""
@@ -1942,16 +1886,6 @@ def init_distributed(device_name: str) -> None:
         sys.stdout = open(os.devnull, "w")     # one copy of the progress lines; warnings still reach stderr
 
 
-def all_reduce(*values: float, op: str = "sum") -> list[float]:
-    """Sum (or max) of each value over processes."""
-    if world()[1] == 1:
-        return list(values)
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return t.tolist()
-
-
 def gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, ...] on every process."""
     if world()[1] == 1:
@@ -1961,18 +1895,13 @@ def gather_objects(obj) -> list:
     return out
 
 
-def gather_rollout_stats(rollout: Rollout) -> Rollout:
-    """The rollout as step_record sees it: rewards, lengths and truncation of every process's groups."""
-    if world()[1] == 1:
-        return rollout
-    shards = gather_objects((rollout.rewards.cpu(), rollout.completion_lengths, rollout.truncated))
-    rewards, lengths, truncated = (torch.cat(parts) for parts in zip(*shards))
-    return dataclasses.replace(rollout, rewards=rewards, completion_lengths=lengths, truncated=truncated)
+def all_reduce(*values: float, op: str = "sum") -> list[float]:
+    """Sum (or max) of each value over processes (a few numbers a step: gathering them costs nothing to speak of)."""
+    return [(max if op == "max" else sum)(map(float, column)) for column in zip(*gather_objects(values))]
 
 
 def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device) -> torch.nn.Module:
-    """DDP (a replica per process, gradients averaged; it broadcasts rank 0's weights, so replicas start
-    identical) or FSDP (weights, gradients and optimizer state sharded)."""
+    """DDP (a replica per process; it broadcasts rank 0's weights, so replicas start identical) or FSDP."""
     if world()[1] == 1:
         return scorer
     if cfg.parallel == "fsdp":
@@ -1989,20 +1918,13 @@ def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device
     return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
 
 
-@contextlib.contextmanager
-def gradient_sync(scorer, enabled: bool):
-    """Skip the gradient all-reduce on all but the last micro-batch of a step (accumulate locally first)."""
-    if enabled or world()[1] == 1:
-        yield
-    elif hasattr(scorer, "no_sync"):                     # DDP
-        with scorer.no_sync():
-            yield
-    else:                                                # FSDP
-        scorer.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            scorer.set_requires_gradient_sync(True)
+def gradient_sync(scorer, enabled: bool) -> None:
+    """Set whether the next forward and backward all-reduce gradients: only the last micro-batch of a step does
+    (the others accumulate locally first). Each micro-batch sets it, so an interrupted step leaves nothing wrong."""
+    if hasattr(scorer, "set_requires_gradient_sync"):          # FSDP
+        scorer.set_requires_gradient_sync(enabled)
+    elif hasattr(scorer, "require_backward_grad_sync"):         # DDP: what its no_sync() context sets
+        scorer.require_backward_grad_sync = enabled
 
 
 def is_sharded(scorer) -> bool:
@@ -2031,7 +1953,6 @@ def check_replicas(model, step: int) -> float:
 
 
 # ----- Data and generated tasks: loading hub-layout folders, word problems and Countdown -----
-
 
 def load_split(dataset: str, split: str):
     """`datasets.load_dataset` with the template's layout, failing in one line when the data is not there."""
@@ -2068,9 +1989,6 @@ def enough_rows(rows, split: str, dataset: str = ""):
     return rows
 
 
-MAX_UNPARSED_GOLD_FRACTION = 0.01   # a few broken rows are dropped with a warning; more means the wrong data
-
-
 def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
     """Questions and golds of `rows`, or UserError when they cannot train: missing columns, questions that are
     not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
@@ -2085,7 +2003,7 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
         raise UserError(f"{where}: {len(not_text)} questions are not text (first at row {not_text[0]})")
     golds = [task.gold(row) for row in rows]
     unparsed = [i for i, g in enumerate(golds) if g is None]
-    if len(unparsed) > MAX_UNPARSED_GOLD_FRACTION * len(golds):
+    if len(unparsed) > 0.01 * len(golds):       # a few broken rows are dropped with a warning; more: wrong data
         raise UserError(f"{where}: {len(unparsed)} of {len(golds)} gold answers give no number (first at row "
                         f"{unparsed[0]}: {rows[unparsed[0]]!r:.80}); " + ("Countdown needs whole-number nums and a "
                         "numeric target" if task.name == "countdown" else "GSM8K answers end in '#### <number>'"))
@@ -2286,7 +2204,6 @@ for _name, _steps in (("arithmetic", 1), ("two-step", 2)):
 
 # ----- The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU -----
 
-
 # The demo's chat template keeps only the user's words: a 2-layer model cannot read the system instruction (the
 # warm-up teaches it the answer format instead), and every prompt token is paid for on each of the 8 samples.
 DEMO_CHAT_TEMPLATE = "{% for m in messages if m['role'] == 'user' %}{{ m['content'] }}\n{% endfor %}"
@@ -2380,22 +2297,18 @@ def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, 
     return demo.warmup_max_steps
 
 
-DEMO_MARKER = "demo.json"
-
-
 def is_demo_run(run_dir: Path) -> bool:
     """RUN_DIR holds an earlier demo and nothing else, so a new demo may empty it."""
     try:
-        marked = json.loads(read_text(run_dir / DEMO_MARKER)).get("demo") is True
+        marked = json.loads(read_text(run_dir / "demo.json")).get("demo") is True
     except (OSError, ValueError, AttributeError):
         return False
-    return marked and not foreign_entries(run_dir, RUN_RECORD | {DEMO_MARKER, "demo_model", "demo_data"})
+    return marked and not foreign_entries(run_dir, RUN_RECORD | {"demo.json", "demo_model", "demo_data"})
 
 
 def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
-    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk. It
-    starts from scratch each time, so it may clear its own earlier run (marked by demo.json) and nothing else.
-    Under torchrun the main process builds while the others wait, then all train together."""
+    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk. It starts
+    over each time, so it may clear its own earlier run (marked by demo.json), and nothing else."""
     t0 = time.perf_counter()
     validate_config(cfg)
     run_dir = Path(cfg.output_dir)
@@ -2419,7 +2332,7 @@ def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
 def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     """Write RUN_DIR/demo_data (hub layout) and RUN_DIR/demo_model (warmed up); return the warm-up steps."""
     t0 = time.perf_counter()
-    write_json(run_dir / DEMO_MARKER, {"demo": True, "seed": cfg.seed})
+    write_json(run_dir / "demo.json", {"demo": True, "seed": cfg.seed})
     seed_everything(cfg.seed)
     rng = random.Random(cfg.seed)
     test = word_problems(demo.test_problems, rng)
