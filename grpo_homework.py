@@ -789,9 +789,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
-    """Load, evaluate, train, finish. Every phase leaves the folder in a state `--resume` continues from: each
-    file is written whole or not at all, a checkpoint precedes the final evaluation, and final/ is renamed into
-    place. So Ctrl-C or a failure anywhere ends in one line that says how to go on."""
+    """Load, evaluate, train, finish. Every phase leaves a folder `--resume` continues from (files written whole,
+    a checkpoint before the final evaluation), so Ctrl-C or a failure anywhere ends in one line saying how."""
     phase = "loading"
     try:
         run = prepare_run(cfg, run_dir, resume)
@@ -2215,8 +2214,7 @@ def build_byte_tokenizer(chat_template: str = DEMO_CHAT_TEMPLATE):
     pre-tokenization: a byte vocabulary survives that, a character vocabulary would not."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    byte_chars = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {c: i for i, c in enumerate(sorted(byte_chars))}
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
