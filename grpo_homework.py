@@ -657,9 +657,9 @@ def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
     return 1.0
 
 
-def build_optimizer(params, lr, seed=0):
+def build_optimizer(params, lr, seed=0, weight_decay=0.0):
     """The optimizer main uses: AdamW that does not drop small updates on bf16 weights."""
-    return AdamWStochasticRounding(params, lr=lr, seed=seed)
+    return AdamWStochasticRounding(params, lr=lr, weight_decay=weight_decay, seed=seed)
 
 
 class TrainingInterrupted(Exception):
@@ -844,8 +844,8 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
                         collate_fn=lambda b: collate_prompts(b, tokenizer))
 
     print("Setting up optimizer...")
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed)
-    optimizer.param_groups[0]["weight_decay"] = cfg.weight_decay
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed,
+                                cfg.weight_decay)
     decay_end = last_step(cfg, loader) if cfg.lr_decay else 0    # --max-steps, or sooner the data's end
     if cfg.lr_decay and decay_end <= cfg.lr_warmup_steps:
         raise UserError(f"--lr-decay: the run ends after {decay_end} steps, within --lr-warmup-steps "
