@@ -9,7 +9,7 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   `--advantage drgrpo` drops the std division (Dr. GRPO).
 - Loss: mean over each completion's tokens, then over completions (`--loss-agg seq-mean`); `token-mean` (DAPO)
   and `drgrpo` (sum / max-new-tokens) are flags. Old policy: with one PPO epoch (the default) the old log-probs
-  are the current ones detached, so the ratio is exactly 1; `--ppo-epochs N` computes them once up front.
+  are the current ones detached (ratio exactly 1, no extra pass); `--ppo-epochs N` computes them up front.
 - Masking by position, never by token value (Qwen's pad token is one of its EOS tokens): a completion's tokens
   up to and including its first EOS count. `--mask-truncated` drops completions cut at `--max-new-tokens`.
 - Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), T = 1, no top-k, top-p
@@ -813,8 +813,8 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
-    steps = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()] if resume else []
-    checkpoint = max(steps, key=lambda p: int(p.name.split("-")[1]), default=None)      # the newest
+    saved = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()] if resume else []
+    checkpoint = max(saved, key=lambda p: int(p.name.split("-")[1]), default=None)      # the newest
 
     print("Loading tokenizer and model...")
     model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
