@@ -1182,10 +1182,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         if len(state["rng"]) != world_size:
             raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
                             f"(now {world_size}), or the data and samples would not continue where they stopped")
-        if is_sharded(run.scorer):
-            whole_state(run.scorer, run.optimizer, load=state["optimizer"])
-        else:
-            run.optimizer.load_state_dict(state["optimizer"])
+        whole_state(run.scorer, run.optimizer, load=state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"][rank], run.optimizer)
         run.start = {k: state[k] for k in run.start}
@@ -1388,7 +1385,10 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, st
 
 
 def whole_state(scorer, optimizer=None, load: dict | None = None):
-    """Under FSDP: the model's (or optimizer's) state gathered whole on the main process, or `load` spread back."""
+    """The optimizer's state (or the model's, given no optimizer), or `load` put back. Under FSDP it is gathered
+    whole on the main process, or spread back; unsharded, the model's is None (save_pretrained reads the weights)."""
+    if not is_sharded(scorer):
+        return optimizer.load_state_dict(load) if load is not None else optimizer.state_dict() if optimizer else None
     from torch.distributed.checkpoint import state_dict as sd
     options = sd.StateDictOptions(full_state_dict=True, cpu_offload=load is None)
     if load is not None:
@@ -1399,7 +1399,7 @@ def whole_state(scorer, optimizer=None, load: dict | None = None):
 
 def save_model(path: Path, model, tokenizer, scorer=None) -> None:
     """save_pretrained on the main process; under FSDP the shards are first gathered there."""
-    state = whole_state(scorer) if is_sharded(scorer) else None
+    state = whole_state(scorer)
     if is_main():
         model.save_pretrained(path, state_dict=state)
         tokenizer.save_pretrained(path)
@@ -1462,7 +1462,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
         rng = {"python": random.getstate(), "torch": torch.get_rng_state(),   # this process's random streams
                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
                "rounding": optimizer.rounding_state() if hasattr(optimizer, "rounding_state") else {}}
-        state = {"optimizer": whole_state(scorer, optimizer) if is_sharded(scorer) else optimizer.state_dict(),
+        state = {"optimizer": whole_state(scorer, optimizer),
                  "scheduler": scheduler.state_dict(), "rng": gather_objects(rng),   # by rank
                  **{k: record[k] for k in ("step", "epoch", "batch_in_epoch")}}
         if is_main():
