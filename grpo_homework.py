@@ -15,8 +15,7 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), T = 1, no top-k, top-p
   or repetition penalty, whatever the model's generation_config says; log-probs are recomputed with the same
   left padding, attention mask, positions and temperature.
-- Learning rate: linear warm-up over `--lr-warmup-steps`, then constant, or with `--lr-decay` falling linearly
-  towards 0 at the run's last step.
+- Learning rate: linear warm-up over `--lr-warmup-steps`, then constant (or with `--lr-decay`, linear to 0 at the end).
 - Precision: bf16 weights on GPUs that compute it natively, updated by AdamW in fp32 (in slices) and written
   back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere. Log-softmax in fp32
   over chunks of completion positions, never over a whole (sequences x positions x vocab) tensor.
@@ -71,9 +70,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Configuration: every hyperparameter is declared once, here; the command line is generated from it.
-# ---------------------------------------------------------------------------------------------------------------
+# ===== Configuration: every hyperparameter is declared once, here; the command line is generated from it. ==========
 
 
 def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
@@ -141,12 +138,7 @@ class Config:
                                  "step and stop if they differ (debugging)")
 
 
-CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Part 1: dataset
-# ---------------------------------------------------------------------------------------------------------------
+# ===== Part 1: dataset =============================================================================================
 
 PLAIN_PROMPT = "Question: {question}\nAnswer: Let's solve this step by step.\n"
 GSM8K_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "
@@ -201,8 +193,7 @@ class GSM8KDataset(Dataset):
 
     @staticmethod
     def extract_answer(answer_str):
-        """Gold number after the last '####' of a GSM8K answer, thousands separators removed; None if absent.
-        A dataset that stores the answer as a plain number works too."""
+        """Gold number after a GSM8K answer's last '####' (or a plain number), thousands separators removed; or None."""
         if isinstance(answer_str, (int, float)) and not isinstance(answer_str, bool):
             return float(answer_str) if math.isfinite(answer_str) else None
         if not isinstance(answer_str, str) or "####" not in answer_str:
@@ -220,9 +211,7 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
             "answers": [b["answer"] for b in batch]}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Part 2: reward
-# ---------------------------------------------------------------------------------------------------------------
+# ===== Part 2: reward ==============================================================================================
 
 # A number is a whole token: optional sign and currency sign, digits with thousands separators only in groups of
 # three, an optional decimal part, then nothing but closing punctuation before white space or the end. So
@@ -272,11 +261,10 @@ def compute_reward(completions, ground_truth_answers, *, task=None, format_rewar
                         dtype=torch.float32)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Part 3: GRPO algorithm (pure tensor functions)
-# ---------------------------------------------------------------------------------------------------------------
+# ===== Part 3: GRPO algorithm (pure tensor functions) ==============================================================
 
 
+# ----- TODO 2: group-relative advantages -----
 def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, advantage_eps=1e-4):
     """Rewards laid out group after group -> advantages of the same layout; equal-reward groups get exactly 0."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
@@ -327,6 +315,7 @@ def kl_k3(logprobs, ref_logprobs):
     return torch.exp(logratio) - logratio - 1.0
 
 
+# ----- TODO 3: the clipped policy-gradient loss -----
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
                         loss_agg="seq-mean", num_tokens=None, return_stats=False):
     """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per token, reduced by `loss_agg`. With return_stats,
@@ -349,9 +338,7 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     return loss, stats
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Part 4: training loop: rollout, log-probs, update, train_grpo, evaluation
-# ---------------------------------------------------------------------------------------------------------------
+# ===== Part 4: training loop: rollout, log-probs, update, train_grpo, evaluation ===================================
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -546,8 +533,7 @@ def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     (needed,) = all_reduce(keep.sum().item(), op="max")
     if needed == len(keep):
         return rollout
-    # With no signal on any process no row runs at all; grpo_update still takes the optimizer's step on the
-    # zero gradient, since AdamW's momentum moves the weights even then.
+    # No signal on any process: no row runs, yet grpo_update still steps on the zero gradient (AdamW's momentum moves).
     rows = torch.cat([keep.nonzero(), (~keep).nonzero()[: int(needed) - int(keep.sum())]]).squeeze(1).sort().values
     pick = lambda v: v[rows.to(v.device)] if torch.is_tensor(v) else [v[i] for i in rows.tolist()] \
         if isinstance(v, list) else v                                     # prompt_length stays
@@ -560,14 +546,6 @@ def micro_batches(rollout: Rollout, size: int):
         rows = slice(start, start + size)
         mask_cols = rollout.loss_mask[rows].any(0).nonzero()
         yield rows, int(mask_cols[-1]) + 1 if len(mask_cols) else rollout.attention_mask.shape[1]
-
-
-def micro_batch_weight(mask_mb, rows_all: int, tokens_all: float, loss_agg: str, world_size: int = 1) -> float:
-    """Scale of one micro-batch's loss so that the accumulated gradient equals the full batch's (under torchrun,
-    where gradients are also averaged over processes, token-mean divides by every process's tokens_all)."""
-    if loss_agg == "token-mean":
-        return world_size * mask_mb.sum().item() / max(tokens_all, 1)
-    return mask_mb.shape[0] / rows_all                                       # means over rows
 
 
 def rollout_logprobs(scorer, rollout: Rollout, cfg: Config) -> torch.Tensor:
@@ -587,11 +565,12 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     rows_all, (tokens_all,) = len(rollout.loss_mask), all_reduce(rollout.loss_mask.sum().item())
     rollout = rows_with_signal(rollout, cfg)
     old = rollout_logprobs(scorer, rollout, cfg) if cfg.ppo_epochs > 1 else None
-    ref = rollout_logprobs(PolicyLogprobs(ref_model), rollout, cfg) if ref_model is not None and cfg.kl_coef > 0 \
-        else None
+    ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(PolicyLogprobs(ref_model), rollout, cfg)
     chunks = list(micro_batches(rollout, cfg.micro_batch_size))          # none when no row has signal
-    weights = [micro_batch_weight(rollout.loss_mask[rows, :used], rows_all, tokens_all, cfg.loss_agg, world()[1])
-               for rows, used in chunks]
+    # Each micro-batch's loss is scaled so that the accumulated gradient is the full batch's: by its share of the
+    # rows, or for token-mean of every process's tokens (torchrun then averages the gradients over processes).
+    weights = [world()[1] * rollout.loss_mask[rows].sum().item() / max(tokens_all, 1) if cfg.loss_agg == "token-mean"
+               else len(rollout.loss_mask[rows]) / rows_all for rows, _ in chunks]
     # This process's share of the loss, so that stats average the rows it trained on; 0 when every completion
     # is masked (token-mean with --mask-truncated), and then the stats stay 0.
     covered = sum(weights) or 1.0
@@ -755,9 +734,7 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
              "format_rate": sum(r["well_formed"] for r in records) / n}, records)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Part 5: main
-# ---------------------------------------------------------------------------------------------------------------
+# ===== Part 5: main ================================================================================================
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -881,9 +858,8 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# WHAT SUPPORTS THE RUN. The homework ends above. Below is what a real run needs around it, by concern, in the
-# order a run meets them: command line, run folder and resume, records and checkpoints, plots, devices and
-# torchrun, data and generated tasks, the demo. None of it changes the algorithm.
+# WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it algorithm,
+# in the order a run meets it: command line, run folder and resume, records, plots, devices and torchrun, tasks, demo.
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -977,7 +953,7 @@ def saved_config(run_dir: Path) -> Config:
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
     saved = record["config"]
-    unknown = sorted(set(saved) - CONFIG_FIELDS)
+    unknown = sorted(set(saved) - set(Config.__dataclass_fields__))
     if unknown:
         raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
     for f in dataclasses.fields(Config):
@@ -991,7 +967,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     """Config from the command line; with --demo or --resume, flags given explicitly override their base."""
     args = build_arg_parser().parse_args(argv)
     typed = vars(build_arg_parser(defaults=False).parse_args(argv))
-    explicit = {k: v for k, v in typed.items() if k in CONFIG_FIELDS}
+    explicit = {k: v for k, v in typed.items() if k in Config.__dataclass_fields__}
     for key in {"model_path", "dataset", "output_dir"} & set(explicit):   # a shell leaves ~ after '=' or in quotes
         explicit[key] = os.path.expanduser(explicit[key])
     if "" in (args.resume, args.report):            # '' is an unset shell variable, not "no --resume"
@@ -1156,8 +1132,7 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
 
 @dataclass
 class Run(LoopExtras):
-    """What the phases of one run share: the loaded pieces, where training stands, and the run's summary. It is
-    also what train_grpo gets as its extras (scorer, reference model, schedule, start, and the callbacks)."""
+    """What the phases of one run share; also train_grpo's extras (scorer, reference, schedule, start, callbacks)."""
     cfg: Config
     run_dir: Path
     device: torch.device
@@ -1387,7 +1362,7 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, st
 def whole_state(scorer, optimizer=None, load: dict | None = None):
     """The optimizer's state (or the model's, given no optimizer), or `load` put back. Under FSDP it is gathered
     whole on the main process, or spread back; unsharded, the model's is None (save_pretrained reads the weights)."""
-    if not is_sharded(scorer):
+    if not hasattr(scorer, "unshard"):        # not FSDP
         return optimizer.load_state_dict(load) if load is not None else optimizer.state_dict() if optimizer else None
     from torch.distributed.checkpoint import state_dict as sd
     options = sd.StateDictOptions(full_state_dict=True, cpu_offload=load is None)
@@ -1415,9 +1390,8 @@ def set_rng_state(rng: dict, optimizer) -> None:
 
 
 def to_plain(obj, tensors: dict[str, torch.Tensor]):
-    """JSON-ready copy of nested dicts/lists/scalars, each tensor swapped for {"tensor": key} into `tensors`: a
-    checkpoint is JSON plus safetensors, so reading one never unpickles (pickle can run code). Dicts become
-    item lists because the optimizer keys its state by int."""
+    """JSON-ready copy of nested dicts, lists and scalars, each tensor moved to `tensors` as {"tensor": key}: reading
+    a checkpoint (JSON + safetensors) never unpickles, which can run code. Dicts become item lists (int keys)."""
     if torch.is_tensor(obj):
         tensors[key := str(len(tensors))] = obj.detach().cpu().contiguous()
         return {"tensor": key}
@@ -1514,8 +1488,7 @@ def redraw_report(run_dir: Path) -> None:
 
 
 def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
-    """Reward, completion length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots; the accuracy
-    lines come from `summary` (the running one's, or RUN_DIR/summary.json)."""
+    """Reward, length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots, with `summary`'s accuracy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -1747,9 +1720,8 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32. Only one chunk's (rows x
-    vocab) logits exist at any moment, forward or backward: backward recomputes them and accumulates the LM-head
-    gradient into a single buffer, instead of one full-size temporary per chunk."""
+    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32. Only one chunk's logits
+    exist at a time, forward or backward: backward recomputes them and sums the LM-head gradient into one buffer."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
@@ -1792,9 +1764,8 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def prompt_segments(input_ids, attention_mask, start: int):
-    """[rows] segment id: runs of consecutive rows with the same prompt (a group, or its part of a micro-batch). A
-    run is cut so that its packed sequence stays within four rows' length: attention grows with the square of that
-    length, so long completions share a prompt among fewer rows."""
+    """[rows] segment id: runs of consecutive rows with one prompt (a group, or its part of a micro-batch), cut so
+    that a packed run stays within four rows' length, since attention grows with the square of the length."""
     rows, seq = input_ids.shape
     index = torch.arange(rows, device=input_ids.device)
     new_run = torch.ones(rows, dtype=torch.bool, device=input_ids.device)                    # [rows]
@@ -1916,16 +1887,11 @@ def gradient_sync(scorer, enabled: bool) -> None:
         scorer.require_backward_grad_sync = enabled
 
 
-def is_sharded(scorer) -> bool:
-    """True for an FSDP-wrapped policy: its weights live in shards and must be gathered to be used whole."""
-    return hasattr(scorer, "unshard")
-
-
 @contextlib.contextmanager
 def full_weights(scorer):
     """Under FSDP, gather the whole model while generate() uses it; no-op otherwise."""
     with contextlib.ExitStack() as regather:
-        if is_sharded(scorer):
+        if hasattr(scorer, "unshard"):        # FSDP: the weights live in shards
             scorer.unshard()
             regather.callback(scorer.reshard)
         yield
@@ -2041,9 +2007,8 @@ def _validate_numbers(equation_str, available_numbers):
 
 
 def _evaluate_equation(equation_str):
-    """Value of an arithmetic expression of integers, + - * / and parentheses; None for anything else. The text is
-    parsed to an AST and walked over an allow-list of node types: nothing is ever evaluated as Python, and length,
-    nesting and magnitude are bounded so no input can hang or crash it."""
+    """Value of integers combined by + - * / and parentheses; None for anything else. Its AST is walked over an
+    allow-list (nothing runs as Python), with length, nesting and magnitude bounded: no input can hang or crash it."""
     if not isinstance(equation_str, str) or not _ALLOWED_EQUATION.fullmatch(equation_str):
         return None
     ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -2080,8 +2045,7 @@ def reward_fn(generated_text, ground_truth):
 
 
 def countdown_gold(numbers, target) -> dict | None:
-    """reward_fn's ground truth, or None unless the numbers are whole numbers and the target a number ("3" is
-    text: no equation could ever match it, and every right answer would score 0.1)."""
+    """reward_fn's ground truth, or None unless nums are ints and the target a number (a text "3" pays 0.1 at best)."""
     if not isinstance(numbers, list) or not numbers or any(type(n) is not int for n in numbers) or \
             type(target) not in (int, float) or not math.isfinite(target):
         return None
@@ -2136,10 +2100,9 @@ def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), s
 def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
     """A fixed test set, and training problems that never repeat one of its questions (whatever the seed)."""
     test = word_problems(200, random.Random(steps), steps=steps)
-    if split == "test":
-        return test[: size or None]
-    train = word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
-    return train[: size or None]
+    problems = test if split == "test" else \
+        word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
+    return problems[: size or None]
 
 
 def generated_or_loaded(make: Callable[[str, int], list[dict]]):
@@ -2173,8 +2136,7 @@ TASKS = {
                   lambda row: GSM8KDataset.extract_answer(row["answer"]), gsm8k_reward,
                   is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
     "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
-                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000,
-                                                                                 seed=0 if split == "train" else 1)),
+                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000, int(split != "train"))),
                       lambda row: f"Using the numbers {row.get('nums', row.get('numbers'))}, create an equation "
                                   f"that equals {row['target']}.",
                       lambda row: countdown_gold(row.get("nums", row.get("numbers")), row["target"]), reward_fn,
@@ -2252,9 +2214,8 @@ def demo_grpo_config(cfg: Config) -> Config:
 
 def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, seed: int,
                       prompt_style: str = "plain") -> int:
-    """Teach the answer format on part of the training problems until the policy is partly competent. GRPO learns
-    only from groups whose rewards differ, so a policy that is never right gets no signal; one that is always right
-    has nothing left to learn. Stopping at `warmup_target` accuracy gives it room."""
+    """Teach the answer format on training problems until `warmup_target` accuracy: GRPO learns only from groups
+    whose rewards differ, so a policy that is never right gets no signal, and one always right has nothing to learn."""
     prompts = [build_prompt(p["question"], tokenizer, prompt_style) for p in problems]
     targets = ["#### " + p["answer"].rsplit("####", 1)[1].strip() + tokenizer.eos_token for p in problems]
     optimizer = torch.optim.AdamW(model.parameters(), lr=demo.warmup_lr)
