@@ -858,7 +858,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it algorithm,
+# WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it the algorithm,
 # in the order a run meets it: command line, run folder and resume, records, plots, devices and torchrun, tasks, demo.
 # ---------------------------------------------------------------------------------------------------------------
 
