@@ -160,9 +160,7 @@ class GSM8KDataset(Dataset):
 
     def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
                  prompt_style="plain", task=None):
-        self.task = task or TASKS["gsm8k"]
-        self.tokenizer = tokenizer
-        self.max_length = max_length
+        self.task, self.tokenizer, self.max_length = task or TASKS["gsm8k"], tokenizer, max_length
         rows = self.task.load(dataset_path, split)
         questions, answers = checked_problems(rows, self.task, f"{dataset_path} [{split}]")
         self.prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
@@ -2065,6 +2063,7 @@ def countdown_problems(n: int, seed: int) -> list[dict]:
         if target is not None and 0 < target <= 1000:
             problems.append({"nums": nums, "target": int(target)})
     return problems
+
 
 NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
 ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]

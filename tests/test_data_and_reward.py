@@ -57,7 +57,6 @@ def test_format_reward_is_added_for_a_final_answer_line_only():
     assert rewards.tolist() == pytest.approx([1.1, 1.0, 0.1])
 
 
-
 def test_strict_answer_counts_a_right_answer_only_in_the_final_answer_line():
     completions = ["work\n#### 5", "The answer is 5.", "#### 5\nand more text", "#### 4", "5"]
     golds = [5.0] * 5
@@ -79,6 +78,7 @@ def test_the_rollout_rewards_with_the_runs_strict_answer_flag(monkeypatch):
         cfg = gh.Config(group_size=2, strict_answer=strict)
         rollout = gh.collect_rollout(None, None, batch, cfg, torch.device("cpu"), gh.TASKS["gsm8k"])
         assert rollout.rewards.tolist() == rewards
+
 
 # ----- dataset and collate -----
 

@@ -620,7 +620,6 @@ def test_a_failure_of_a_library_s_own_kind_while_saving_is_one_line_with_the_res
     assert f"--resume {out}" in err
 
 
-
 def test_report_on_records_that_block_overflow_or_cannot_be_written_or_a_live_run_is_one_line(
         run_copy, capsys, monkeypatch):
     import fcntl
@@ -678,6 +677,7 @@ def test_an_empty_split_is_named_with_its_cause(model_dir, tmp_path, capsys, emp
     code, err = main_err([model_dir, "--dataset", data, "--eval-size", "4", "--output-dir", tmp_path / "run",
                           "--device", "cpu"], capsys)
     assert code == 2 and message.format(data=data) in err, err
+
 
 # ----- extraction: a number is a whole token -----
 
