@@ -10,6 +10,8 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Loss: mean over each completion's tokens, then over completions (`--loss-agg seq-mean`); `token-mean` (DAPO)
   and `drgrpo` (sum / max-new-tokens) are flags. Old policy: with one PPO epoch (the default) the old log-probs
   are the current ones detached (ratio exactly 1, no extra pass); `--ppo-epochs N` computes them up front.
+- KL penalty: none by default (`--kl-coef 0`, as TRL and Dr. GRPO default it; the paper uses 0.04): at lr 1e-6
+  the policy stays near its start anyway, and no reference model saves a copy of the weights and a forward pass.
 - Masking by position, never by token value (Qwen's pad token is one of its EOS tokens): a completion's tokens
   up to and including its first EOS count. `--mask-truncated` drops completions cut at `--max-new-tokens`.
 - Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), T = 1, no top-k, top-p
@@ -141,8 +143,10 @@ class Config:
 # ===== Part 1: dataset =============================================================================================
 
 PLAIN_PROMPT = "Question: {question}\nAnswer: Let's solve this step by step.\n"
-GSM8K_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "
-                     "last line as '#### <number>'.")
+# Qwen2.5's own math instruction: a real Qwen model answers in \boxed{} whatever it is asked (tests/bench_prompt.py).
+GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+HASH_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "
+                    "last line as '#### <number>'.")       # GSM8K's own form, for the generated tasks
 
 
 def build_prompt(question: str, tokenizer=None, style: str = "plain", instruction: str = GSM8K_INSTRUCTION) -> str:
@@ -163,30 +167,27 @@ class GSM8KDataset(Dataset):
         self.task, self.tokenizer, self.max_length = task or TASKS["gsm8k"], tokenizer, max_length
         rows = self.task.load(dataset_path, split)
         questions, answers = checked_problems(rows, self.task, f"{dataset_path} [{split}]")
-        self.prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
-        self.questions, self.answers, self.encodings = questions, answers, None
-        if tokenizer is not None:
-            self._tokenize_and_drop_long(has_chat_markup=prompt_style == "chat")
-
-    # ----- TODO 1: tokenize each prompt (once, here, so over-long prompts can be dropped before training) -----
-    def _tokenize_and_drop_long(self, has_chat_markup: bool) -> None:
+        prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
+        self.prompts, self.questions, self.answers = prompts, questions, answers
         # The chat template already carries any BOS token; the plain prompt gets the tokenizer's usual specials.
-        ids = self.tokenizer(self.prompts, add_special_tokens=not has_chat_markup)["input_ids"]
-        keep = [i for i, seq in enumerate(ids) if len(seq) <= self.max_length]
-        if len(keep) < len(ids):
-            print(f"warning: dropped {len(ids) - len(keep)} of {len(ids)} prompts longer than {self.max_length} "
-                  f"tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
-        self.prompts, self.questions, self.answers, self.encodings = (
-            [values[i] for i in keep] for values in (self.prompts, self.questions, self.answers, ids))
+        self.add_special_tokens = prompt_style != "chat"
+        if tokenizer is not None:     # over-long prompts go up front, so that every training step has a full batch
+            encoded = tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
+            keep = [i for i, ids in enumerate(encoded) if len(ids) <= max_length]
+            if len(keep) < len(encoded):
+                print(f"warning: dropped {len(encoded) - len(keep)} of {len(encoded)} prompts longer than "
+                      f"{max_length} tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
+            self.prompts, self.questions, self.answers = ([v[i] for i in keep] for v in (prompts, questions, answers))
 
     def __len__(self):
         return len(self.prompts)
 
+    # ----- TODO 1: tokenize a prompt -----
     def __getitem__(self, idx):
         item = {"prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
-        if self.encodings is not None:
-            input_ids = torch.tensor(self.encodings[idx], dtype=torch.long)
-            item.update(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        if self.tokenizer is not None:
+            encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.add_special_tokens, return_tensors="pt")
+            item.update(input_ids=encoded["input_ids"][0], attention_mask=encoded["attention_mask"][0])
         return item
 
     @staticmethod
@@ -215,9 +216,15 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
 # three, an optional decimal part, then nothing but closing punctuation before white space or the end. So
 # "1,234." and "$-5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are not (no number, not a misread prefix).
 # Every quantifier is bounded by a character class that cannot overlap its neighbour: matching stays linear.
-_NUMBER = r"-?\s?\$?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?=[.,;:!?%)*}\]]*(?:\s|$))"
-_ANSWER_MARKER = re.compile(r"(?:####|\\boxed\{|answer is:?)[ \t*]*(" + _NUMBER + ")", re.IGNORECASE)
+# Inside \boxed{...} (Qwen2.5's answer form) the brace closes the token, so LaTeX may follow: \(\boxed{\$1,234}\).
+_DIGITS = r"-?\s?\$?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUMBER = _DIGITS + r"(?=[.,;:!?%)*}\]]*(?:\s|$))"
+_BOXED = r"\\boxed\{[ \t]*(?:\\\$)?(" + _DIGITS + r")[ \t]*\}"
+_ANSWER_MARKER = re.compile(r"(?:####|answer is:?)[ \t*]*(" + _NUMBER + ")|" + _BOXED, re.IGNORECASE)
+# The final answer: a last line '#### N', or the last \boxed{N} in the last line (then only closing delimiters);
+# _FINAL_BOX is matched once, on the text from the last \boxed{, so its overlapping classes stay linear.
 _FINAL_LINE = re.compile(r"(?:^|\n)[ \t]*####[ \t]*(" + _NUMBER + r")[\s.]*$")
+_FINAL_BOX = re.compile(_BOXED + r"[^\n]{0,100}(?:\s|\\\]|\$)*")
 _WHOLE_NUMBER = re.compile(r"\s*(" + _NUMBER + r")[.,;:!?%)*}\]]*\s*")
 
 
@@ -232,12 +239,14 @@ def parse_number(text: str) -> float | None:
 def extract_answer_from_completion(completion):
     """The number after the last answer marker ('####', '\\boxed{', 'answer is'); None if there is none."""
     numbers = _ANSWER_MARKER.findall(completion or "")
-    return parse_number(numbers[-1]) if numbers else None
+    return parse_number("".join(numbers[-1])) if numbers else None     # one of its two groups matched
 
 
 def is_well_formed_gsm8k(completion: str) -> bool:
-    """The last line is '#### <number>' and the number is one (so the format bonus cannot be paid for junk)."""
-    match = _FINAL_LINE.search(completion or "")
+    """The answer ends the completion, as '#### <number>' or \\boxed{<number>} (see _FINAL_LINE), and the number is
+    one, so the format bonus cannot be paid for junk."""
+    text = completion or ""
+    match = _FINAL_LINE.search(text) or _FINAL_BOX.fullmatch(text[text.rfind("\\boxed{"):])
     return bool(match) and parse_number(match.group(1)) is not None
 
 
@@ -347,15 +356,16 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int):
-    """Every sampling knob set: Qwen2.5-Instruct's generation_config (temperature 0.7, top_p 0.8, top_k 20,
-    repetition_penalty 1.1) would otherwise make the sampler differ from the softmax(logits / T) the loss assumes."""
+    """Every knob that shapes the next-token distribution set: Qwen2.5-Instruct's generation_config (temperature 0.7,
+    top_p 0.8, top_k 20, repetition_penalty 1.1) would otherwise make the sampler differ from the softmax(logits / T)
+    the loss assumes. Greedy (temperature 0) sets only what argmax decoding reads."""
     from transformers import GenerationConfig
-    params = GenerationConfig()._get_default_generation_params()
-    params.update(max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True)
-    if temperature > 0:   # greedy (temperature 0) keeps the library defaults, which greedy search ignores
-        params.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    params.pop("max_length", None)
-    return GenerationConfig(**params)
+    knobs = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
+    if temperature > 0:
+        knobs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, min_p=None, typical_p=1.0,
+                     epsilon_cutoff=0.0, eta_cutoff=0.0)
+    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True,
+                            **knobs)
 
 
 @contextlib.contextmanager
@@ -444,17 +454,10 @@ class Rollout:
     completion_lengths: torch.Tensor  # [rows]
 
 
-def collect_rollout(model, tokenizer, batch, cfg: Config, device, task: Task) -> Rollout:
-    sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                                  cfg.max_new_tokens, cfg.temperature, cfg.group_size,
-                                  batch_size=cfg.generation_batch_size)
-    golds = [a for a in batch["answers"] for _ in range(cfg.group_size)]
-    rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
-                             strict_answer=cfg.strict_answer)
-    advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
-                                         advantage_eps=cfg.advantage_eps)
+def rollout_from(sample: dict, rewards, advantages, mask_truncated: bool = False) -> Rollout:
+    """generate_completions' output with its rewards and advantages, as one record for the update."""
     loss_mask = sample["completion_mask"].bool()
-    if cfg.mask_truncated:
+    if mask_truncated:        # completions cut at the length limit leave the loss
         loss_mask &= ~sample["truncated"].unsqueeze(1)
     return Rollout(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
                    sample["completions"], rewards, advantages, sample["truncated"].cpu(),
@@ -468,57 +471,50 @@ def position_ids_from_mask(attention_mask):
 
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
-def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
-    """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]), column 0 = 0 (and columns before
-    prompt_length when given). It holds the whole [batch, seq, vocab] logits, so the training loop calls
-    completion_logprobs (below): the same numbers, tested equal in value and gradient, in chunks."""
-    # Positions from the mask, as generate() numbered them: a left-padded row scores as it would unpadded.
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   position_ids=position_ids_from_mask(attention_mask)).logits               # [batch, seq, vocab]
-    logits = logits[:, :-1].float() / temperature                  # position t-1 predicts token t, as sampled
-    logprobs = logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None])[..., 0]             # [batch, seq - 1]
-    logprobs = F.pad(logprobs, (1, 0))                             # token 0 has no prediction
-    if prompt_length:
-        logprobs[:, :prompt_length] = 0
-    return logprobs                                                                           # [batch, seq]
-
-
-def completion_logprobs(model, input_ids, attention_mask, prompt_length: int, *, temperature=1.0,
-                        chunk_size=Config.logprob_chunk_size, with_entropy=False):
-    """compute_logprobs_from_model(..., prompt_length=...) as the update needs it: hidden states only where a
-    completion token is predicted, the LM head and log-softmax in chunks (ChunkedTokenLogprobs), one pass over a
-    prompt for the rows that share it (shared_prompt_hidden). with_entropy: also token_entropy, without gradient."""
-    start = max(1, int(prompt_length))
+def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
+                                chunk_size=Config.logprob_chunk_size, with_entropy=False):
+    """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) under softmax(logits / T), the
+    distribution sampled from; column 0 is 0, and so is every column before prompt_length, which is not computed.
+    with_entropy: also [batch, seq] entropy of that distribution at each scored position (metrics, no gradient)."""
+    start = max(1, prompt_length or 0)                             # the first column scored
     batch, seq = input_ids.shape
     if start >= seq:
         zeros = torch.zeros(batch, seq, device=input_ids.device)
         return (zeros, zeros.clone()) if with_entropy else zeros
-    body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
-    segment = prompt_segments(input_ids, attention_mask, start)
-    if int(segment[-1]) + 1 < batch and body.config._attn_implementation in ("sdpa", "eager"):
-        hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
-    else:
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
-        hidden = hidden[:, start - 1:-1]                                     # [batch, seq - start, hidden]
-    targets = input_ids[:, start:]                                           # [batch, seq - start]
-    logprobs, entropy = (F.pad(t.view(batch, seq - start), (start, 0)) for t in ChunkedTokenLogprobs.apply(
-        hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight, targets.reshape(-1), temperature,
-        chunk_size, with_entropy))                                           # [batch, seq] each
-    return (logprobs, entropy) if with_entropy else logprobs
+    # Forward pass and shift: the state at position t - 1 predicts token t. Only the model's body runs, so that
+    # no LM head is spent on the prompt, and rows that share a prompt run it once (completion_states).
+    hidden = completion_states(model, input_ids, attention_mask, start)          # [batch, seq - start, hidden]
+    targets = input_ids[:, start:]                                               # [batch, seq - start]
+    # LM head, log-softmax and gather a chunk of positions at a time, recomputed in backward: whole, the fp32
+    # logits would be [batch, seq, 151,936] (4.7 GB for one micro-batch of 4 x 1,024 tokens).
+    chunks = [torch.utils.checkpoint.checkpoint(token_logprobs, h, model.get_output_embeddings().weight, t,
+                                                temperature, with_entropy, use_reentrant=False)
+              for h, t in zip(hidden.reshape(-1, hidden.shape[-1]).split(chunk_size),
+                              targets.reshape(-1).split(chunk_size))]
+    logprobs, entropy = (F.pad(torch.cat(c).view(batch, seq - start), (start, 0)) for c in zip(*chunks))
+    return (logprobs, entropy) if with_entropy else logprobs                     # [batch, seq] each
+
+
+def token_logprobs(hidden, lm_head_weight, targets, temperature, with_entropy=False):
+    """TODO 4's textbook lines on one chunk of positions: logits / T in fp32, log-softmax, gather the sampled token."""
+    logits = (hidden @ lm_head_weight.t()).float() / temperature                 # [chunk, vocab]
+    logprobs = logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0]         # [chunk]
+    with torch.no_grad():
+        entropy = token_entropy(logits) if with_entropy else torch.zeros_like(logprobs)
+    return logprobs, entropy
 
 
 class PolicyLogprobs(torch.nn.Module):
-    """completion_logprobs as a module call, so that DDP or FSDP wrapping it sees the forward pass (it calls the
-    model's body and LM-head weight, never the model's forward, which a wrapped model would hook)."""
+    """compute_logprobs_from_model as a module call, so that DDP or FSDP wrapping it sees the forward pass (it calls
+    the model's body and LM-head weight, never the model's forward, which a wrapped model would hook)."""
 
     def __init__(self, model):
         super().__init__()
         self.policy = model
 
     def forward(self, input_ids, attention_mask, prompt_length, temperature, chunk_size, with_entropy=False):
-        return completion_logprobs(self.policy, input_ids, attention_mask, prompt_length, temperature=temperature,
-                                   chunk_size=chunk_size, with_entropy=with_entropy)
+        return compute_logprobs_from_model(self.policy, input_ids, attention_mask, prompt_length=prompt_length,
+                                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
@@ -683,10 +679,21 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                 if cfg.max_steps and step >= cfg.max_steps:
                     return history
                 t0 = time.perf_counter()
+                # 1. Sample group_size completions of each prompt from the current policy.
                 with full_weights(scorer):
-                    rollout = halve_on_oom(cfg, "generation_batch_size",
-                                           lambda: collect_rollout(model, tokenizer, batch, cfg, device, task))
+                    sample = halve_on_oom(cfg, "generation_batch_size", lambda: generate_completions(
+                        model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                        max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
+                # 2. Reward each completion: is its final number the gold answer of its prompt?
+                golds = [gold for gold in batch["answers"] for _ in range(group_size)]
+                rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
+                                         strict_answer=cfg.strict_answer)
+                # 3. Advantages: each reward relative to the other completions of the same prompt.
+                advantages = compute_advantages_grpo(rewards, group_size, normalize_by_std=cfg.advantage == "grpo",
+                                                     advantage_eps=cfg.advantage_eps)
                 t1 = time.perf_counter()
+                # 4. Update: the clipped policy-gradient step on these samples.
+                rollout = rollout_from(sample, rewards, advantages, cfg.mask_truncated)
                 stats = halve_on_oom(cfg, "micro_batch_size", lambda: grpo_update(
                     model, optimizer, rollout, cfg, extras.ref_model, scorer=scorer))
                 t2 = time.perf_counter()
@@ -720,9 +727,10 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
         out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(    # halving splits the batch
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
-        for question, gold, completion in zip(batch["questions"], batch["answers"], out["completions"]):
-            records.append({"question": question, "gold": gold, "completion": completion,
-                            "extracted": dataset.task.extract(completion),
+        for question, gold, completion, tokens, cut in zip(batch["questions"], batch["answers"], out["completions"],
+                                                           out["completion_lengths"].tolist(), out["truncated"]):
+            records.append({"question": question, "gold": gold, "completion": completion, "tokens": tokens,
+                            "truncated": bool(cut), "extracted": dataset.task.extract(completion),
                             "correct": dataset.task.reward(completion, gold) == 1.0,
                             "well_formed": bool(dataset.task.well_formed(completion))})
     shards = gather_objects(records)
@@ -1717,43 +1725,6 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
             print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}", file=sys.stderr)
 
 
-class ChunkedTokenLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ W^T / T)[target] per row, a chunk of rows at a time, in fp32. Only one chunk's logits
-    exist at a time, forward or backward: backward recomputes them and sums the LM-head gradient into one buffer."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)        # [tokens]
-        entropy = torch.zeros_like(out)                 # of the sampling distribution, for the metrics only
-        for s in range(0, hidden.shape[0], chunk_size):
-            logits = (hidden[s:s + chunk_size] @ weight.t()).float().div_(temperature)        # [chunk, vocab]
-            out[s:s + chunk_size] = logits.gather(-1, targets[s:s + chunk_size, None])[:, 0] - logits.logsumexp(-1)
-            if with_entropy:
-                entropy[s:s + chunk_size] = token_entropy(logits)
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.mark_non_differentiable(entropy)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        return out, entropy
-
-    @staticmethod
-    def backward(ctx, grad_out, _):
-        hidden, weight, targets = ctx.saved_tensors
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
-        for s in range(0, hidden.shape[0], ctx.chunk_size):
-            h, rows = hidden[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
-            logits = (h @ weight.t()).float().div_(ctx.temperature)                           # [chunk, vocab]
-            # d logp[target] / d logits = onehot(target) - softmax(logits), times upstream grad / T; in place
-            grad_logits = logits.sub_(logits.logsumexp(-1, keepdim=True)).exp_().neg_()
-            grad_logits.scatter_add_(-1, targets[rows, None], torch.ones_like(grad_logits[:, :1]))
-            grad_logits = grad_logits.mul_(grad_out[rows, None] / ctx.temperature).to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(grad_logits.t(), h)
-        return grad_hidden, grad_weight, None, None, None, None
-
-
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, in fp32: exact at a one-hot (entr(0) is 0,
     where p * log p would be 0 * -inf) and finite for any finite logits, however large."""
@@ -1772,6 +1743,18 @@ def prompt_segments(input_ids, attention_mask, start: int):
     place = index - torch.cummax(torch.where(new_run, index, 0), 0).values                   # [rows] in its run
     per_segment = max(1, (4 * seq - start) // (seq - start))
     return (new_run | (place % per_segment == 0)).long().cumsum(0) - 1
+
+
+def completion_states(model, input_ids, attention_mask, start: int):
+    """[batch, seq - start, hidden]: the body's last hidden state at each position that predicts a token from
+    `start` on. Rows of one prompt (a GRPO group) are packed to run it once (shared_prompt_hidden)."""
+    body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
+    segment = prompt_segments(input_ids, attention_mask, start)
+    if start > 1 and int(segment[-1]) + 1 < len(input_ids) and body.config._attn_implementation in ("sdpa", "eager"):
+        return shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+    return hidden[:, start - 1:-1]
 
 
 def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
@@ -2147,8 +2130,8 @@ TASKS = {
 # Word problems a small model can learn on a CPU in minutes, answered and scored exactly like GSM8K
 for _name, _steps in (("arithmetic", 1), ("two-step", 2)):
     TASKS[_name] = dataclasses.replace(
-        TASKS["gsm8k"], name=_name, load=generated_or_loaded(lambda split, size, steps=_steps:
-                                                             word_problem_split(split, size, steps)))
+        TASKS["gsm8k"], name=_name, instruction=HASH_INSTRUCTION, load=generated_or_loaded(
+            lambda split, size, steps=_steps: word_problem_split(split, size, steps)))
 
 
 # ----- The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU -----

@@ -193,8 +193,8 @@ def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> d
     new, reported, _ = continuous_batching(model, rows, sampling)
     full = torch.cat([rows, new], 1)
     with gh.inference_mode(model):
-        scored = gh.completion_logprobs(model, full, torch.ones_like(full), temperature=cfg.temperature,
-                                        prompt_length=rows.shape[1])[:, rows.shape[1]:]
+        scored = gh.compute_logprobs_from_model(model, full, torch.ones_like(full), temperature=cfg.temperature,
+                                                prompt_length=rows.shape[1])[:, rows.shape[1]:]
     gaps = [abs(float(scored[r, t]) - lp) for r, lps in enumerate(reported) for t, lp in enumerate(lps)]
     return {"tok_s": results, "identical": identical, "logprob_gap": max(gaps, default=float("nan"))}
 

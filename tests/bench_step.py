@@ -1,12 +1,13 @@
 """Per-step seconds on a real model: the previous generation and log-prob paths and today's, side by side.
 
 Previous: generate prefills every row's prompt (8 times per group), every row computes its prompt again in the
-log-prob pass, and a step whose groups all got equal rewards still runs forward and backward for an
-exactly-zero gradient. Today: generation prefills each prompt once per group (prefill_once), rows that share a
-prompt are packed so it runs once (shared_prompt_hidden), and rows without signal run no pass
-(rows_with_signal).
+log-prob pass, its LM head runs in a hand-written autograd Function (bench_memory.previous_logprobs), and a step
+whose groups all got equal rewards still runs forward and backward for an exactly-zero gradient. Today:
+generation prefills each prompt once per group (prefill_once), rows that share a prompt are packed so it runs
+once (shared_prompt_hidden), the LM head runs in chunks under torch.utils.checkpoint
+(compute_logprobs_from_model), and rows without signal run no pass (rows_with_signal).
 
-Each step samples one rollout with the pipeline's collect_rollout both ways from the same seed, timing each,
+Each step samples one rollout as train_grpo does (sampled_rollout) both ways from the same seed, timing each,
 then times on today's rollout, from the same weights: the no-grad log-prob pass that the old policy
 (--ppo-epochs > 1) and the reference (--kl-coef > 0) use, and grpo_update; and grpo_update again on a copy of
 the rollout with every advantage 0 (a step without signal). The timed update gives every row a random nonzero
@@ -35,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
+from bench_memory import previous_logprobs  # noqa: E402
 
 SMOLLM2 = os.environ.get("GRPO_SMOLLM2") or str(Path.home() / ".cache/grpo-homework/SmolLM2-135M-Instruct")
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
@@ -44,7 +46,21 @@ def previous_path():
     """Generation, log-prob pass and update as they were: one prompt per row, and every row runs."""
     return {"prefill_once": lambda *args: None,         # generate() then prefills each row itself
             "prompt_segments": lambda ids, mask, start: torch.arange(ids.shape[0], device=ids.device),
+            "compute_logprobs_from_model": previous_logprobs,
             "rows_with_signal": lambda rollout, cfg: rollout}
+
+
+def sampled_rollout(model, tokenizer, batch, cfg, device, task) -> gh.Rollout:
+    """train_grpo's steps 1-3 on one batch: sample, reward, advantages."""
+    sample = gh.generate_completions(model, tokenizer, batch["input_ids"].to(device),
+                                     batch["attention_mask"].to(device), cfg.max_new_tokens, cfg.temperature,
+                                     cfg.group_size, batch_size=cfg.generation_batch_size)
+    golds = [gold for gold in batch["answers"] for _ in range(cfg.group_size)]
+    rewards = gh.compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
+                                strict_answer=cfg.strict_answer)
+    advantages = gh.compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
+                                            advantage_eps=cfg.advantage_eps)
+    return gh.rollout_from(sample, rewards, advantages, cfg.mask_truncated)
 
 
 @contextlib.contextmanager
@@ -165,7 +181,7 @@ def main():
             torch.manual_seed(step)
             with patched(patches):
                 t0 = time.perf_counter()
-                rollout = gh.collect_rollout(model, tokenizer, batch, cfg, device, gh.TASKS[args.task])
+                rollout = sampled_rollout(model, tokenizer, batch, cfg, device, gh.TASKS[args.task])
                 totals[name]["generation"] = totals[name].get("generation", 0.0) + time.perf_counter() - t0
         for name, patches in paths:
             for phase, seconds in measure(model, optimizer, rollout, cfg, patches).items():

@@ -1,5 +1,9 @@
-"""Part 1 (dataset, collate) and Part 2 (answer extraction, rewards, Countdown verifier) against hand-made cases."""
+"""Part 1 (dataset, collate) and Part 2 (answer extraction, rewards, Countdown verifier) against hand-made cases
+and real completions of a Qwen2.5 model."""
+import json
+import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +38,31 @@ def test_extract_answer_from_completion(completion, expected):
     assert gh.extract_answer_from_completion(completion) == expected
 
 
+@pytest.mark.parametrize("completion, expected, well_formed", [
+    ("so \\(\\boxed{18}\\).", 18.0, True), ("\\[ \\boxed{1} \\]", 1.0, True), ("$\\boxed{18}$", 18.0, True),
+    ("\\boxed{\\$18}", 18.0, True), ("\\(\\boxed{\\$1,234.50}\\)", 1234.5, True), ("\\[\n\\boxed{-3}\n\\]", -3.0, True),
+    ("\\boxed{12kg}", None, False), ("\\boxed{3/4}", None, False), ("\\boxed{1e309}", None, False),
+    ("\\boxed{1,2,3}", None, False), ("#### 4\n\\boxed{12kg}", 4.0, False),      # junk in a box is no answer
+    ("\\boxed{5}\nBut let me check that again.", 5.0, False),                 # the answer must end the completion
+])
+def test_qwen_answers_in_a_box_count_whole_tokens_only(completion, expected, well_formed):
+    assert gh.extract_answer_from_completion(completion) == expected
+    assert gh.is_well_formed_gsm8k(completion) == well_formed
+
+
+QWEN_COMPLETIONS = json.loads((Path(__file__).parent / "data" / "qwen_completions.json").read_text())["completions"]
+
+
+@pytest.mark.parametrize("row", QWEN_COMPLETIONS, ids=lambda row: f"{row['instruction']}-{row['test_index']}")
+def test_the_reward_reads_real_qwen_completions(row):
+    """Greedy answers of Qwen2.5-Coder-0.5B-Instruct (tests/bench_prompt.py), each answer read by hand."""
+    answer = gh.extract_answer_from_completion(row["completion"])
+    assert answer == row["answer"] or math.isclose(answer, row["answer"])
+    assert gh.is_well_formed_gsm8k(row["completion"]) == row["well_formed"]
+    right = row["answer"] is not None and math.isclose(row["answer"], row["gold"])
+    assert gh.compute_reward([row["completion"]], [row["gold"]], strict_answer=True).tolist() == [float(right)]
+
+
 @pytest.mark.parametrize("hostile", ["#### " * 50_000, "answer is " * 50_000, "####" + " " * 200_000 + "x",
                                      "#### " + "1," * 100_000 + ".", "$-" * 100_000, "\\boxed{" * 50_000,
                                      "#### 5" + " \n" * 100_000 + "x", "\n" * 100_000 + "#### 1x"])
@@ -66,17 +95,22 @@ def test_strict_answer_counts_a_right_answer_only_in_the_final_answer_line():
         [1.2, 0.0, 0.0, 0.2, 0.0])
 
 
-def test_the_rollout_rewards_with_the_runs_strict_answer_flag(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: seen.setdefault("sample", {
+def test_training_rewards_with_the_runs_strict_answer_flag(model_and_tokenizer, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
         "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
         "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
-        "completions": ["#### 5", "The answer is 5."], "completion_lengths": torch.tensor([2, 2])}))
+        "completions": ["#### 5", "The answer is 5."], "completion_lengths": torch.tensor([2, 2])})
+    seen, real_update = [], gh.grpo_update
+    monkeypatch.setattr(gh, "grpo_update", lambda model, optimizer, rollout, *a, **k: seen.append(rollout) or
+                        real_update(model, optimizer, rollout, *a, **k))
     batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
              "answers": [5.0]}
     for strict, rewards in ((False, [1.0, 1.0]), (True, [1.0, 0.0])):
-        cfg = gh.Config(group_size=2, strict_answer=strict)
-        rollout = gh.collect_rollout(None, None, batch, cfg, torch.device("cpu"), gh.TASKS["gsm8k"])
+        cfg = gh.Config(group_size=2, strict_answer=strict, max_steps=1)
+        gh.train_grpo(model, tokenizer, [batch], torch.optim.SGD(model.parameters(), lr=0.0), "cpu", group_size=2,
+                      max_new_tokens=cfg.max_new_tokens, cfg=cfg)
+        rollout = seen[-1]
         assert rollout.rewards.tolist() == rewards
 
 
@@ -100,11 +134,14 @@ def test_dataset_default_path_is_gsm8k_next_to_the_script(gsm8k_dir, tokenizer, 
     assert len(gh.GSM8KDataset("train[:3]", tokenizer)) == 3
 
 
-def test_chat_prompt_uses_the_template_and_asks_for_the_answer_line(gsm8k_dir, tokenizer):
+def test_chat_prompt_uses_the_template_and_asks_for_the_answer_format(gsm8k_dir, tokenizer):
     ds = gh.GSM8KDataset("train[:2]", tokenizer, dataset_path=str(gsm8k_dir), prompt_style="chat")
     prompt = ds[0]["prompt"]
     assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
-    assert "#### <number>" in prompt and PROBLEMS[0]["question"] in prompt
+    assert "final answer within \\boxed{}" in prompt and PROBLEMS[0]["question"] in prompt     # GSM8K: Qwen's form
+    generated = gh.GSM8KDataset("train[:2]", tokenizer, dataset_path="", prompt_style="chat",
+                                task=gh.TASKS["arithmetic"])
+    assert "#### <number>" in generated[0]["prompt"]                              # generated tasks: GSM8K's form
     # special tokens are single ids, not spelled out in bytes
     assert ds[0]["input_ids"][0].item() == tokenizer.convert_tokens_to_ids("<|im_start|>")
 

@@ -153,8 +153,8 @@ def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_an
     model, tok = model_and_tokenizer
     batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
     prompt_length = 10
-    ours = gh.completion_logprobs(model, batch["input_ids"], batch["attention_mask"],
-                                  prompt_length=prompt_length, chunk_size=3)
+    ours = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"],
+                                          prompt_length=prompt_length, chunk_size=3)
     ours.sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -167,7 +167,7 @@ def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_an
     assert torch.allclose(ours, naive, atol=1e-5)
     for g, p in zip(grads, model.parameters()):
         assert torch.allclose(g, p.grad, atol=1e-5)
-    model.zero_grad()                                   # TODO 4 as written, the textbook: the same value and gradient
+    model.zero_grad()                                   # one chunk of every position: the same value and gradient
     textbook = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"],
                                               prompt_length=prompt_length)
     textbook.sum().backward()
@@ -197,7 +197,8 @@ def test_entropy_from_the_chunked_pass_is_the_sampling_distributions(model_and_t
     model, tok = model_and_tokenizer
     batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
     ids, mask, P = batch["input_ids"], batch["attention_mask"], 8
-    logprobs, entropy = gh.completion_logprobs(model, ids, mask, P, temperature=0.7, chunk_size=3, with_entropy=True)
+    logprobs, entropy = gh.compute_logprobs_from_model(model, ids, mask, prompt_length=P, temperature=0.7,
+                                                       chunk_size=3, with_entropy=True)
     assert logprobs.requires_grad and not entropy.requires_grad and (entropy[:, :P] == 0).all()
     with torch.no_grad():
         logits = model(**batch, position_ids=gh.position_ids_from_mask(mask)).logits.float() / 0.7
@@ -222,7 +223,7 @@ def _grouped_rollout(tok, prompts, group, completion_len, seed=0):
 
 def _logprobs_and_grads(model, ids, mask, P, weights):
     model.zero_grad()
-    lp = gh.completion_logprobs(model, ids, mask, temperature=0.7, prompt_length=P, chunk_size=5)
+    lp = gh.compute_logprobs_from_model(model, ids, mask, temperature=0.7, prompt_length=P, chunk_size=5)
     (lp * weights).sum().backward()
     return lp.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -377,9 +378,11 @@ def _rollout(model, tok, cfg, seed=0):
     batch = gh.collate_prompts([{"input_ids": torch.tensor(tok(q)["input_ids"]), "attention_mask":
                                  torch.ones(len(tok(q)["input_ids"]), dtype=torch.long), "prompt": q, "question": q,
                                  "answer": 1.0} for q in ["Q: 1?", "Q: a longer one?", "Q: third"]], tok)
-    rollout = gh.collect_rollout(model, tok, batch, cfg, torch.device("cpu"), gh.TASKS["gsm8k"])
-    rollout.advantages = torch.randn(rollout.advantages.shape)        # a random model earns no reward
-    return rollout
+    sample = gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], cfg.max_new_tokens,
+                                     cfg.temperature, cfg.group_size, batch_size=cfg.generation_batch_size)
+    rewards = gh.compute_reward(sample["completions"], [1.0] * len(sample["completions"]))
+    advantages = torch.randn(rewards.shape)                           # a random model earns no reward
+    return gh.rollout_from(sample, rewards, advantages, cfg.mask_truncated)
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
@@ -417,16 +420,16 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
     expected = [(s - p.grad).clone() for p, s in zip(model.parameters(), start)]
     for p, s in zip(model.parameters(), start):
         p.data.copy_(s)
-    rows_seen, real_logprobs = [], gh.completion_logprobs
+    rows_seen, real_logprobs = [], gh.compute_logprobs_from_model
 
     def counting(model, input_ids, *args, **kwargs):
         rows_seen.append(input_ids.shape[0])
         return real_logprobs(model, input_ids, *args, **kwargs)
-    gh.completion_logprobs = counting
+    gh.compute_logprobs_from_model = counting
     try:
         gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     finally:
-        gh.completion_logprobs = real_logprobs
+        gh.compute_logprobs_from_model = real_logprobs
     assert sum(rows_seen) == 8                                          # 12 rows, the zero group never ran
     assert all(torch.allclose(p, e, atol=1e-6) for p, e in zip(model.parameters(), expected))
     for p, s in zip(model.parameters(), start):

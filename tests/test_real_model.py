@@ -74,8 +74,8 @@ def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(sm
     packed = []
     monkeypatch.setattr(gh, "shared_prompt_hidden", lambda *a: packed.append(a[1].shape) or real_shared(*a))
     with torch.no_grad():
-        scored = gh.completion_logprobs(model, out.sequences, full_mask, temperature=temperature,
-                                        prompt_length=prompt_length)[:, prompt_length:]
+        scored = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
+                                                prompt_length=prompt_length)[:, prompt_length:]
     # up to and including each row's first EOS (after it, generate only pads)
     is_eos = torch.isin(sampled, torch.tensor(eos))
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), sampled.shape[1])
@@ -85,8 +85,8 @@ def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(sm
     assert packed == [out.sequences.shape]               # both groups in one call, each prompt once
     monkeypatch.setattr(gh, "prompt_segments", lambda ids, mask, start: torch.arange(ids.shape[0]))
     with torch.no_grad():
-        per_row = gh.completion_logprobs(model, out.sequences, full_mask, temperature=temperature,
-                                         prompt_length=prompt_length)[:, prompt_length:]
+        per_row = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
+                                                 prompt_length=prompt_length)[:, prompt_length:]
     assert len(packed) == 1                              # the per-row path really ran
     torch.testing.assert_close(per_row[valid], scored[valid], rtol=0, atol=5e-5)
 

@@ -602,9 +602,11 @@ def test_a_failure_that_is_not_an_os_error_is_one_line_with_the_resume_command(m
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--temperature", "1e-300"), capsys)
     assert code == 2 and "--temperature must be at least 0.001" in err and not out.exists()
 
-    def sampling_fails(*args, **kwargs):
+    def sampling_fails(*args, greedy=gh.generate_completions, **kwargs):     # evaluation (greedy) still runs
+        if kwargs.get("temperature") == 0.0:
+            return greedy(*args, **kwargs)
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    monkeypatch.setattr(gh, "collect_rollout", sampling_fails)
+    monkeypatch.setattr(gh, "generate_completions", sampling_fails)
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
     assert code == 2 and "failed (probability tensor" in err and f"during training; resume with" in err
 
