@@ -485,23 +485,20 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     # no LM head is spent on the prompt, and rows that share a prompt run it once (completion_states).
     hidden = completion_states(model, input_ids, attention_mask, start)          # [batch, seq - start, hidden]
     targets = input_ids[:, start:]                                               # [batch, seq - start]
-    # LM head, log-softmax and gather a chunk of positions at a time, recomputed in backward: whole, the fp32
-    # logits would be [batch, seq, 151,936] (4.7 GB for one micro-batch of 4 x 1,024 tokens).
-    chunks = [torch.utils.checkpoint.checkpoint(token_logprobs, h, model.get_output_embeddings().weight, t,
-                                                temperature, with_entropy, use_reentrant=False)
-              for h, t in zip(hidden.reshape(-1, hidden.shape[-1]).split(chunk_size),
-                              targets.reshape(-1).split(chunk_size))]
-    logprobs, entropy = (F.pad(torch.cat(c).view(batch, seq - start), (start, 0)) for c in zip(*chunks))
+    # LM head, logits / T, log-softmax and gather (token_logprobs), a chunk of positions at a time: whole, the fp32
+    # logits would be [batch, seq, 151,936] (4.7 GB for 4 x 1,024 tokens). ChunkedLogprobs recomputes in backward.
+    logprobs, entropy = (F.pad(t.view(batch, seq - start), (start, 0)) for t in ChunkedLogprobs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight, targets.reshape(-1), temperature,
+        chunk_size, with_entropy))
     return (logprobs, entropy) if with_entropy else logprobs                     # [batch, seq] each
 
 
 def token_logprobs(hidden, lm_head_weight, targets, temperature, with_entropy=False):
-    """TODO 4's textbook lines on one chunk of positions: logits / T in fp32, log-softmax, gather the sampled token."""
+    """TODO 4's textbook lines on one chunk of positions: logits / T in fp32, log-softmax, gather the sampled token;
+    with_entropy, also the entropy of softmax(logits / T) (else zeros)."""
     logits = (hidden @ lm_head_weight.t()).float() / temperature                 # [chunk, vocab]
     logprobs = logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0]         # [chunk]
-    with torch.no_grad():
-        entropy = token_entropy(logits) if with_entropy else torch.zeros_like(logprobs)
-    return logprobs, entropy
+    return logprobs, token_entropy(logits.detach()) if with_entropy else torch.zeros_like(logprobs)
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -1723,6 +1720,41 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
                                 f" --group-size or --batch-size") from None
             setattr(cfg, knob, max(floor, (size // 2) // floor * floor))
             print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}", file=sys.stderr)
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """token_logprobs over chunks of positions, one chunk's [chunk, vocab] logits alive at a time, forward or backward.
+    The backward is written out, recomputing each chunk's logits and summing the LM-head gradient into one buffer:
+    autograd through the chunks (torch.utils.checkpoint) buffers a second LM-head-sized gradient and each chunk's
+    log-softmax, +1.2 GB and 15% slower at Qwen2.5-1.5B's widths (tests/bench_memory.py)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
+        pieces = [token_logprobs(hidden[s:s + chunk_size], weight, targets[s:s + chunk_size], temperature, with_entropy)
+                  for s in range(0, hidden.shape[0], chunk_size)]
+        logprobs, entropy = (torch.cat(values) for values in zip(*pieces))                  # [tokens] each
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.mark_non_differentiable(entropy)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_out, _):
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for s in range(0, hidden.shape[0], ctx.chunk_size):
+            h, rows = hidden[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
+            logits = (h @ weight.t()).float().div_(ctx.temperature)                           # [chunk, vocab]
+            # d logp[target] / d logits = onehot(target) - softmax(logits), times upstream grad / T; in place
+            grad_logits = logits.sub_(logits.logsumexp(-1, keepdim=True)).exp_().neg_()
+            grad_logits.scatter_add_(-1, targets[rows, None], torch.ones_like(grad_logits[:, :1]))
+            grad_logits = grad_logits.mul_(grad_out[rows, None] / ctx.temperature).to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), h)
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

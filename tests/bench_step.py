@@ -1,11 +1,10 @@
 """Per-step seconds on a real model: the previous generation and log-prob paths and today's, side by side.
 
 Previous: generate prefills every row's prompt (8 times per group), every row computes its prompt again in the
-log-prob pass, its LM head runs in a hand-written autograd Function (bench_memory.previous_logprobs), and a step
-whose groups all got equal rewards still runs forward and backward for an exactly-zero gradient. Today:
-generation prefills each prompt once per group (prefill_once), rows that share a prompt are packed so it runs
-once (shared_prompt_hidden), the LM head runs in chunks under torch.utils.checkpoint
-(compute_logprobs_from_model), and rows without signal run no pass (rows_with_signal).
+log-prob pass, and a step whose groups all got equal rewards still runs forward and backward for an
+exactly-zero gradient. Today: generation prefills each prompt once per group (prefill_once), rows that share a
+prompt are packed so it runs once (shared_prompt_hidden), and rows without signal run no pass
+(rows_with_signal).
 
 Each step samples one rollout as train_grpo does (sampled_rollout) both ways from the same seed, timing each,
 then times on today's rollout, from the same weights: the no-grad log-prob pass that the old policy
@@ -36,7 +35,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
-from bench_memory import previous_logprobs  # noqa: E402
 
 SMOLLM2 = os.environ.get("GRPO_SMOLLM2") or str(Path.home() / ".cache/grpo-homework/SmolLM2-135M-Instruct")
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
@@ -46,7 +44,6 @@ def previous_path():
     """Generation, log-prob pass and update as they were: one prompt per row, and every row runs."""
     return {"prefill_once": lambda *args: None,         # generate() then prefills each row itself
             "prompt_segments": lambda ids, mask, start: torch.arange(ids.shape[0], device=ids.device),
-            "compute_logprobs_from_model": previous_logprobs,
             "rows_with_signal": lambda rollout, cfg: rollout}
 
 
