@@ -143,8 +143,7 @@ class Config:
 # ===== Part 1: dataset =============================================================================================
 
 PLAIN_PROMPT = "Question: {question}\nAnswer: Let's solve this step by step.\n"
-# Qwen2.5's own math instruction: a real Qwen model answers in \boxed{} whatever it is asked (tests/bench_prompt.py).
-GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."   # Qwen2.5's own
 HASH_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "
                     "last line as '#### <number>'.")       # GSM8K's own form, for the generated tasks
 
@@ -169,8 +168,7 @@ class GSM8KDataset(Dataset):
         questions, answers = checked_problems(rows, self.task, f"{dataset_path} [{split}]")
         prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
         self.prompts, self.questions, self.answers = prompts, questions, answers
-        # The chat template already carries any BOS token; the plain prompt gets the tokenizer's usual specials.
-        self.add_special_tokens = prompt_style != "chat"
+        self.add_special_tokens = prompt_style != "chat"     # a chat template carries any BOS token itself
         if tokenizer is not None:     # over-long prompts go up front, so that every training step has a full batch
             encoded = tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
             keep = [i for i, ids in enumerate(encoded) if len(ids) <= max_length]
@@ -216,13 +214,13 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
 # three, an optional decimal part, then nothing but closing punctuation before white space or the end. So
 # "1,234." and "$-5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are not (no number, not a misread prefix).
 # Every quantifier is bounded by a character class that cannot overlap its neighbour: matching stays linear.
-# Inside \boxed{...} (Qwen2.5's answer form) the brace closes the token, so LaTeX may follow: \(\boxed{\$1,234}\).
+# In \boxed{...} (Qwen2.5's answer form) the brace ends the token, so LaTeX may follow: \(\boxed{\$1,234}\).
 _DIGITS = r"-?\s?\$?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _NUMBER = _DIGITS + r"(?=[.,;:!?%)*}\]]*(?:\s|$))"
 _BOXED = r"\\boxed\{[ \t]*(?:\\\$)?(" + _DIGITS + r")[ \t]*\}"
 _ANSWER_MARKER = re.compile(r"(?:####|answer is:?)[ \t*]*(" + _NUMBER + ")|" + _BOXED, re.IGNORECASE)
-# The final answer: a last line '#### N', or the last \boxed{N} in the last line (then only closing delimiters);
-# _FINAL_BOX is matched once, on the text from the last \boxed{, so its overlapping classes stay linear.
+# The final answer: a last line '#### N', or the last \boxed{N} in the last line, then closing delimiters only
+# (_FINAL_BOX is matched once, from the last \boxed{, so its overlapping classes stay linear).
 _FINAL_LINE = re.compile(r"(?:^|\n)[ \t]*####[ \t]*(" + _NUMBER + r")[\s.]*$")
 _FINAL_BOX = re.compile(_BOXED + r"[^\n]{0,100}(?:\s|\\\]|\$)*")
 _WHOLE_NUMBER = re.compile(r"\s*(" + _NUMBER + r")[.,;:!?%)*}\]]*\s*")
@@ -243,8 +241,7 @@ def extract_answer_from_completion(completion):
 
 
 def is_well_formed_gsm8k(completion: str) -> bool:
-    """The answer ends the completion, as '#### <number>' or \\boxed{<number>} (see _FINAL_LINE), and the number is
-    one, so the format bonus cannot be paid for junk."""
+    """The answer ends the completion ('#### N' or \\boxed{N}, see _FINAL_LINE), N a number: no bonus for junk."""
     text = completion or ""
     match = _FINAL_LINE.search(text) or _FINAL_BOX.fullmatch(text[text.rfind("\\boxed{"):])
     return bool(match) and parse_number(match.group(1)) is not None
@@ -356,9 +353,8 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int):
-    """Every knob that shapes the next-token distribution set: Qwen2.5-Instruct's generation_config (temperature 0.7,
-    top_p 0.8, top_k 20, repetition_penalty 1.1) would otherwise make the sampler differ from the softmax(logits / T)
-    the loss assumes. Greedy (temperature 0) sets only what argmax decoding reads."""
+    """Every knob that shapes the next-token distribution: Qwen2.5-Instruct's generation_config (T 0.7, top_p 0.8,
+    top_k 20, repetition_penalty 1.1) would otherwise make the sampler differ from the loss's softmax(logits / T)."""
     from transformers import GenerationConfig
     knobs = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
     if temperature > 0:
@@ -455,10 +451,8 @@ class Rollout:
 
 
 def rollout_from(sample: dict, rewards, advantages, mask_truncated: bool = False) -> Rollout:
-    """generate_completions' output with its rewards and advantages, as one record for the update."""
-    loss_mask = sample["completion_mask"].bool()
-    if mask_truncated:        # completions cut at the length limit leave the loss
-        loss_mask &= ~sample["truncated"].unsqueeze(1)
+    """One batch's record for the update: the sample, its rewards and advantages; mask_truncated drops cut ones."""
+    loss_mask = sample["completion_mask"].bool() & ~(sample["truncated"].unsqueeze(1) & mask_truncated)
     return Rollout(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
                    sample["completions"], rewards, advantages, sample["truncated"].cpu(),
                    sample["completion_lengths"].cpu())
@@ -481,9 +475,15 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     if start >= seq:
         zeros = torch.zeros(batch, seq, device=input_ids.device)
         return (zeros, zeros.clone()) if with_entropy else zeros
-    # Forward pass and shift: the state at position t - 1 predicts token t. Only the model's body runs, so that
-    # no LM head is spent on the prompt, and rows that share a prompt run it once (completion_states).
-    hidden = completion_states(model, input_ids, attention_mask, start)          # [batch, seq - start, hidden]
+    # Forward pass and shift: the body's state at t - 1 predicts token t, kept from the prompt's end on (no LM head
+    # over the prompt); the rows of one prompt (a GRPO group) are packed so that it runs once (shared_prompt_hidden).
+    body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
+    segment = prompt_segments(input_ids, attention_mask, start)
+    if start > 1 and int(segment[-1]) + 1 < batch and body.config._attn_implementation in ("sdpa", "eager"):
+        hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
+    else:          # positions from the mask, as generate() numbered them: a left-padded row scores as unpadded
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                      position_ids=position_ids_from_mask(attention_mask)).last_hidden_state[:, start - 1:-1]
     targets = input_ids[:, start:]                                               # [batch, seq - start]
     # LM head, logits / T, log-softmax and gather (token_logprobs), a chunk of positions at a time: whole, the fp32
     # logits would be [batch, seq, 151,936] (4.7 GB for 4 x 1,024 tokens). ChunkedLogprobs recomputes in backward.
@@ -494,8 +494,7 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 
 def token_logprobs(hidden, lm_head_weight, targets, temperature, with_entropy=False):
-    """TODO 4's textbook lines on one chunk of positions: logits / T in fp32, log-softmax, gather the sampled token;
-    with_entropy, also the entropy of softmax(logits / T) (else zeros)."""
+    """TODO 4's textbook lines on a chunk of positions; with_entropy, also the entropy of softmax(logits / T)."""
     logits = (hidden @ lm_head_weight.t()).float() / temperature                 # [chunk, vocab]
     logprobs = logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0]         # [chunk]
     return logprobs, token_entropy(logits.detach()) if with_entropy else torch.zeros_like(logprobs)
@@ -681,8 +680,8 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                     sample = halve_on_oom(cfg, "generation_batch_size", lambda: generate_completions(
                         model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                         max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
-                # 2. Reward each completion: is its final number the gold answer of its prompt?
-                golds = [gold for gold in batch["answers"] for _ in range(group_size)]
+                # 2. Reward each completion: is its final number its prompt's gold answer?
+                golds = [gold for gold in batch["answers"] for _ in range(group_size)]       # one per completion
                 rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
                                          strict_answer=cfg.strict_answer)
                 # 3. Advantages: each reward relative to the other completions of the same prompt.
@@ -1724,9 +1723,8 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
 
 class ChunkedLogprobs(torch.autograd.Function):
     """token_logprobs over chunks of positions, one chunk's [chunk, vocab] logits alive at a time, forward or backward.
-    The backward is written out, recomputing each chunk's logits and summing the LM-head gradient into one buffer:
-    autograd through the chunks (torch.utils.checkpoint) buffers a second LM-head-sized gradient and each chunk's
-    log-softmax, +1.2 GB and 15% slower at Qwen2.5-1.5B's widths (tests/bench_memory.py)."""
+    The backward recomputes each chunk's logits and sums the LM-head gradient into one buffer: autograd through the
+    chunks (torch.utils.checkpoint) holds a second LM-head-sized gradient, +1.26 GB in tests/bench_memory.py."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
@@ -1775,18 +1773,6 @@ def prompt_segments(input_ids, attention_mask, start: int):
     place = index - torch.cummax(torch.where(new_run, index, 0), 0).values                   # [rows] in its run
     per_segment = max(1, (4 * seq - start) // (seq - start))
     return (new_run | (place % per_segment == 0)).long().cumsum(0) - 1
-
-
-def completion_states(model, input_ids, attention_mask, start: int):
-    """[batch, seq - start, hidden]: the body's last hidden state at each position that predicts a token from
-    `start` on. Rows of one prompt (a GRPO group) are packed to run it once (shared_prompt_hidden)."""
-    body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
-    segment = prompt_segments(input_ids, attention_mask, start)
-    if start > 1 and int(segment[-1]) + 1 < len(input_ids) and body.config._attn_implementation in ("sdpa", "eager"):
-        return shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask,
-                  position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
-    return hidden[:, start - 1:-1]
 
 
 def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):

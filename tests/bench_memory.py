@@ -34,7 +34,7 @@ def checkpointed_logprobs(model, input_ids, attention_mask, *, temperature=1.0, 
     in place of ChunkedLogprobs' written-out backward: the alternative issue #33 proposed, measured beside it."""
     start = max(1, prompt_length or 0)
     batch, seq = input_ids.shape
-    hidden = gh.completion_states(model, input_ids, attention_mask, start)
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, start - 1:-1]
     chunks = [torch.utils.checkpoint.checkpoint(gh.token_logprobs, h, model.get_output_embeddings().weight, t,
                                                 temperature, with_entropy, use_reentrant=False)
               for h, t in zip(hidden.reshape(-1, hidden.shape[-1]).split(chunk_size),

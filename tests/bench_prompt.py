@@ -9,6 +9,7 @@ and the share of groups with reward spread (GRPO learns nothing from a group who
 
 Not collected by pytest; needs GSM8K (../shared/gsm8k or --dataset) and a Qwen2.5 instruct model folder:
     python tests/bench_prompt.py MODEL_DIR --out prompt.json    # 100 test problems, 320 tokens, T 0.7 and 1
+    python tests/bench_prompt.py --rescore prompt.json          # the tables again, read by today's reward
 Every completion goes to --out (JSON), with each phase's figures as soon as it ends.
 """
 import argparse
@@ -29,7 +30,9 @@ INSTRUCTIONS = {"####": gh.HASH_INSTRUCTION, "boxed": gh.GSM8K_INSTRUCTION}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model")
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--rescore", metavar="JSON", help="print the tables of a saved --out, every completion read "
+                        "again by today's extract_answer_from_completion and is_well_formed_gsm8k")
     parser.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared" / "gsm8k"))
     parser.add_argument("--problems", type=int, default=100, help="test problems answered greedily")
     parser.add_argument("--max-new-tokens", type=int, default=320)
@@ -39,6 +42,9 @@ def main() -> None:
     parser.add_argument("--eval-batch-size", type=int, default=50)
     parser.add_argument("--out", default="prompt.json")
     args = parser.parse_args()
+    if args.rescore:
+        print_tables(rescored(json.loads(Path(args.rescore).read_text())))
+        return
     torch.set_grad_enabled(False)
     model, tokenizer = gh.load_model_and_tokenizer(args.model, torch.device("cpu"), "float32")
     cfg = gh.Config(max_new_tokens=args.max_new_tokens, eval_batch_size=args.eval_batch_size,
@@ -76,8 +82,32 @@ def main() -> None:
                 "truncated": rollout.truncated.float().mean().item(),
                 "mean_tokens": rollout.completion_lengths.float().mean().item(),
                 "seconds_per_sample": (time.perf_counter() - t0) / len(rollout.completions),
-                "completions": rollout.completions, "rewards": rollout.rewards.tolist()}
+                "completions": rollout.completions, "rewards": rollout.rewards.tolist(), "golds": batch["answers"]}
             Path(args.out).write_text(json.dumps(results, indent=1))
+    print_tables(results)
+
+
+def rescored(results: dict) -> dict:
+    """`results` with every greedy record's correct and well_formed, and every sampled reward, read again."""
+    for row in results["greedy"].values():
+        for r in row["records"]:
+            r.update(correct=gh.gsm8k_reward(r["completion"], r["gold"]) == 1.0,
+                     well_formed=gh.is_well_formed_gsm8k(r["completion"]))
+        n = len(row["records"])
+        row.update(lenient=sum(r["correct"] for r in row["records"]) / n,
+                   strict=sum(r["correct"] and r["well_formed"] for r in row["records"]) / n,
+                   format_rate=sum(r["well_formed"] for r in row["records"]) / n)
+    for row in results["sampled"].values():
+        golds = [g for g in row["golds"] for _ in range(len(row["rewards"]) // len(row["golds"]))]
+        rewards = gh.compute_reward(row["completions"], golds)
+        row["reward_mean"] = rewards.mean().item()
+        groups = rewards.view(len(row["golds"]), -1)
+        row["groups_with_spread"] = (groups.max(1).values > groups.min(1).values).float().mean().item()
+    return results
+
+
+def print_tables(results: dict) -> None:
+    args = argparse.Namespace(**results["settings"])
     print(f"{'greedy, ' + str(args.problems) + ' test problems':<34}{'lenient':>9}{'strict':>9}{'format':>9}"
           f"{'cut':>7}{'tokens':>8}{'s/problem':>11}")
     for name, r in results["greedy"].items():
