@@ -10,7 +10,7 @@ same prompts four ways: as the pipeline calls `generate` (dynamic KV cache), wit
 cache plus torch.compile, and with continuous batching (`generate_batch`: paged attention, CUDA graphs on a GPU);
 tokens/s side by side, and whether all four give identical tokens. Last, continuous batching samples at the
 pipeline's temperature and the pipeline scores those samples: the log-probs `generate_batch` reports must agree
-with the pipeline scorer's (completion_logprobs) within the sampler-agreement test's tolerance (2e-4), or its
+with the pipeline scorer's (compute_logprobs_from_model) within the sampler-agreement test's tolerance (2e-4), or its
 samples would not be the distribution the loss assumes.
 
 A random model almost never samples EOS, so every completion runs to --max-new-tokens: the worst case.

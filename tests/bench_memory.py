@@ -5,9 +5,11 @@ for the log-softmax), fp32 is shown beside it.
 
 Not collected by pytest (the name does not start with test_). Run: python tests/bench_memory.py
 Compares the naive path (full-vocabulary fp32 logits and log-softmax over every position) with ours
-(`completion_logprobs`, what the update calls: LM head on completion positions only, in chunks,
-recomputed in backward). Each path runs in its own process; the kernel's peak RSS is reset
-(/proc/self/clear_refs) after the model and its gradients exist, so construction does not hide the step.
+(`compute_logprobs_from_model`, what the update calls: LM head on completion positions only, in chunks,
+recomputed in backward by ChunkedLogprobs) and with the same chunks under torch.utils.checkpoint (autograd's own
+backward, the alternative issue #33 proposed), in peak memory and seconds. Each path runs in its own process;
+the kernel's peak RSS is reset (/proc/self/clear_refs) after the model and its gradients exist, so construction
+does not hide the step.
 
 Then the optimizer step on Qwen2.5-1.5B's largest tensor, the tied 151,936 x 1,536 embedding, as on the GPU (bf16
 weight and gradient, fp32 moments, stochastic rounding): the memory the step adds over weight, gradient and
@@ -15,12 +17,12 @@ moments, for the whole-tensor step this script had until the GPU precision issue
 """
 import subprocess
 import sys
-from pathlib import Path
-
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
