@@ -1179,9 +1179,11 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     if resume:
         write_jsonl(run_dir / "metrics.jsonl",
                     [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
-    write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": sys.argv, "processes": world_size,
-                                         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                                                      "transformers": transformers.__version__}})
+    earlier = read_json(run_dir / "config.json") if resume else {}       # the command that started it stays first
+    resumes = earlier.get("resumes", []) + [{"argv": sys.argv, "at_step": run.start["step"]}] if resume else []
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
+    write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": earlier.get("argv", sys.argv),
+                                         "resumes": resumes, "processes": world_size, "versions": versions})
 
 
 def evaluate_before(run: Run) -> None:
@@ -1817,9 +1819,8 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
 
 def world() -> tuple[int, int]:
     """(this process's rank, number of processes)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    joined = dist.is_available() and dist.is_initialized()
+    return (dist.get_rank(), dist.get_world_size()) if joined else (0, 1)
 
 
 def is_main() -> bool:
@@ -1847,10 +1848,9 @@ def init_distributed(device_name: str) -> None:
 
 def gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, ...] on every process."""
-    if world()[1] == 1:
-        return [obj]
-    out = [None] * world()[1]
-    dist.all_gather_object(out, obj)
+    out = [obj] * world()[1]
+    if len(out) > 1:
+        dist.all_gather_object(out, obj)
     return out
 
 

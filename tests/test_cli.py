@@ -142,6 +142,11 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     metrics = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    record = json.loads((split / "config.json").read_text())        # the starting command stays, resumes follow it
+    assert "--resume" not in record["argv"] and "--save-every" in record["argv"]
+    (resumed,) = record["resumes"]
+    assert resumed["argv"][1:] == ["--resume", str(split), "--max-steps", "4"] and resumed["at_step"] == 2
+    assert json.loads((whole / "config.json").read_text())["resumes"] == []
     # the test means something only if sampled rewards moved the weights after the checkpoint
     assert any(m["zero_spread_frac"] < 1 and m["grad_norm"] > 0 for m in metrics[2:])
     start = load_file(warm_model_dir / "model.safetensors")
