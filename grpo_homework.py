@@ -2204,9 +2204,9 @@ class DemoConfig:
 
 
 def demo_grpo_config(cfg: Config) -> Config:
-    """GRPO settings for the demo; a flag given on the command line still wins (see main)."""
+    """The demo's GRPO settings (lr decays: no constant rate held on every seed, report section 4); flags win."""
     return dataclasses.replace(cfg, prompt_style="chat", batch_size=16, group_size=8, max_new_tokens=8,
-                               learning_rate=5e-4, lr_warmup_steps=0, max_steps=1000, num_epochs=10,
+                               learning_rate=1e-3, lr_decay=True, lr_warmup_steps=0, max_steps=1000, num_epochs=10,
                                generation_batch_size=128, micro_batch_size=128, eval_batch_size=300, plot_every=100,
                                show_examples=5, device="cpu", dtype="float32", gradient_checkpointing="off",
                                eval_size=0, train_size=0, output_dir="runs/demo")
