@@ -131,6 +131,7 @@ class Config:
     device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
     output_dir: str = _flag("runs/grpo", "where metrics, plots, checkpoints and final/ are written")
     save_every: int = _flag(0, "checkpoint every N steps (0 = only on interrupt)")
+    keep_checkpoints: int = _flag(0, "keep only the newest N checkpoints, deleting older ones (0 = keep all)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
     # several processes (torchrun)
@@ -261,8 +262,7 @@ def compute_reward(completions, ground_truth_answers, *, task=None, format_rewar
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
     formed = [task.well_formed(c) for c in completions]
     return torch.tensor([task.reward(c, g) * (ok or not strict_answer) + format_reward * ok
-                         for c, g, ok in zip(completions, golds, formed)],
-                        dtype=torch.float32)
+                         for c, g, ok in zip(completions, golds, formed)], dtype=torch.float32)
 
 
 # ===== Part 3: GRPO algorithm (pure tensor functions) ==============================================================
@@ -793,8 +793,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
-    saved = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()] if resume else []
-    checkpoint = max(saved, key=lambda p: int(p.name.split("-")[1]), default=None)      # the newest
+    checkpoint = (saved_checkpoints(run_dir) or [None])[-1] if resume else None     # the newest
 
     print("Loading tokenizer and model...")
     model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
@@ -848,10 +847,9 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
             raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
         if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
             raise UserError(f"MODEL_PATH {path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
-    dtype = weight_dtype(dtype_name, device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=weight_dtype(dtype_name, device)).to(device)
     except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
         raise UserError(f"cannot load model from {path}: {first_line(e)}") from None
     if tokenizer.pad_token_id is None:
@@ -921,8 +919,8 @@ def validate_config(cfg: Config) -> None:
                  "ppo_epochs", "max_new_tokens", "logprob_chunk_size", "max_prompt_length", "learning_rate",
                  "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
-    for name in ("train_size", "eval_size", "max_steps", "save_every", "plot_every", "show_examples",
-                 "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
+    for name in ("train_size", "eval_size", "max_steps", "save_every", "keep_checkpoints", "plot_every",
+                 "show_examples", "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
         require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
     require(cfg.generation_batch_size % cfg.group_size == 0,
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
@@ -944,8 +942,8 @@ def validate_config(cfg: Config) -> None:
 
 
 # Flags a resumed run may change: how it runs, not what it learns (else one record would describe two trainings).
-RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "plot_every", "show_examples", "device",
-                     "generation_batch_size", "micro_batch_size", "eval_batch_size", "logprob_chunk_size",
+RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints", "plot_every", "show_examples",
+                     "device", "generation_batch_size", "micro_batch_size", "eval_batch_size", "logprob_chunk_size",
                      "gradient_checkpointing", "check_replicas"}
 
 
@@ -1206,6 +1204,8 @@ def checkpoint_now(run: Run) -> None:
         save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
                         run.scorer)
         run.saved_step = run.last_record["step"]
+        for old in saved_checkpoints(run.run_dir)[:-run.cfg.keep_checkpoints] if is_main() else []:   # [:-0] is empty
+            shutil.rmtree(own_path(old, folder=True))
 
 
 def train_phase(run: Run) -> None:
@@ -1252,8 +1252,7 @@ def finish_run(run: Run) -> None:
     print(f"Evaluating the trained model on {len(run.eval_set)} test problems...")
     with full_weights(run.scorer):
         after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
-    before = run.summary["before"]
-    print(f"Accuracy before training: {before['accuracy']:.2%}")
+    print(f"Accuracy before training: {run.summary['accuracy_before']:.2%}")
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(read_jsonl(run_dir / "eval_before.jsonl"), after_records))[:cfg.show_examples]:
@@ -1275,8 +1274,7 @@ def own_path(path: Path, folder: bool = False) -> Path:
     """`path`, once checked that this run may write or remove it: not a symlink (writing would go through to
     whatever it points at), and a regular file or a folder as this run makes them, or nothing yet."""
     if path.is_symlink() or (path.exists() and path.is_dir() != folder):
-        raise UserError(f"{path} is not a {'folder' if folder else 'regular file'} of this run; refusing to write "
-                        f"through it")
+        raise UserError(f"{path} is not a {'folder' if folder else 'regular file'} of this run; not writing through it")
     return path
 
 
@@ -1453,6 +1451,11 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
     return path
 
 
+def saved_checkpoints(run_dir: Path) -> list[Path]:        # oldest first, by N: step-10 comes after step-8
+    return sorted((p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()),
+                  key=lambda p: int(p.name[5:]))
+
+
 def load_trainer_state(checkpoint: Path) -> dict:
     """The trainer state save_checkpoint wrote; UserError naming the files if they are missing or damaged."""
     from safetensors.torch import load_file
@@ -1502,8 +1505,7 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
         return []
     if summary is None:
         summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
-    plots = own_path(run_dir / "plots", folder=True)
-    plots.mkdir(exist_ok=True)
+    (plots := own_path(run_dir / "plots", folder=True)).mkdir(exist_ok=True)
     steps = [m["step"] for m in metrics]
     column = lambda key: [math.nan if m[key] is None else m[key] for m in metrics]   # None: a gap (entropy)
     rewards, window = column("reward_mean"), max(1, len(metrics) // 20)     # a moving mean from 40 steps on
@@ -1651,7 +1653,6 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                     new.addcdiv_(exp_avg[part], denom, value=-group["lr"] / bias1)
                     weight[part].copy_(stochastic_round_to_bf16(new, self.generator(new.device))
                                        if weight.dtype == torch.bfloat16 else new)
-        return None
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch casts floating-point state to the parameter's dtype on load: the fp32 moments of bf16 weights
@@ -1710,8 +1711,7 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
         except RuntimeError as e:
             if not is_out_of_memory(e):
                 raise
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()        # a no-op unless CUDA is in use
             size = getattr(cfg, knob)
             if world()[1] > 1:       # processes cannot each halve on their own without falling out of step
                 raise UserError(f"out of GPU memory under torchrun: lower {flag_name(knob)} (now {size})") from None

@@ -134,7 +134,7 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
                              *args)).returncode == 0
     assert run_cli(tiny_args(warm_model_dir, addition_dir, split, "--max-steps", "2", "--save-every", "2",
                              *args)).returncode == 0
-    resumed = run_cli(["--resume", str(split), "--max-steps", "4"])
+    resumed = run_cli(["--resume", str(split), "--max-steps", "4", "--keep-checkpoints", "1"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resuming from" in resumed.stdout
     from safetensors.torch import load_file
@@ -145,13 +145,16 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
     record = json.loads((split / "config.json").read_text())        # the starting command stays, resumes follow it
     assert "--resume" not in record["argv"] and "--save-every" in record["argv"]
     (resumed,) = record["resumes"]
-    assert resumed["argv"][1:] == ["--resume", str(split), "--max-steps", "4"] and resumed["at_step"] == 2
+    assert resumed["argv"][1:] == ["--resume", str(split), "--max-steps", "4", "--keep-checkpoints", "1"]
+    assert resumed["at_step"] == 2
     assert json.loads((whole / "config.json").read_text())["resumes"] == []
     # the test means something only if sampled rewards moved the weights after the checkpoint
     assert any(m["zero_spread_frac"] < 1 and m["grad_norm"] > 0 for m in metrics[2:])
     start = load_file(warm_model_dir / "model.safetensors")
     assert all(a[k].dtype == torch.bfloat16 for k in a) and any(not torch.equal(a[k], start[k].bfloat16()) for k in a)
-    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    # by default every checkpoint stays; --keep-checkpoints 1 (allowed on resume) deleted step-2 once step-4 was written
+    assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["step-4"]
     final, _ = gh.load_model_and_tokenizer(str(split / "final"), torch.device("cpu"), "bfloat16")
     assert torch.isfinite(final(torch.tensor([[1, 2, 3]])).logits).all()
 

@@ -295,6 +295,13 @@ def test_checkpoint_state_round_trips_through_json_and_safetensors():
         gh.to_plain({"fn": print}, {})
 
 
+def test_checkpoints_are_ordered_by_step_number_not_by_name(tmp_path):
+    """--resume takes the last one and --keep-checkpoints deletes from the front: step-10 is newer than step-9."""
+    for name in ("step-9", "step-10", "step-2", "step-11.tmp", "step-x"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    assert [p.name for p in gh.saved_checkpoints(tmp_path)] == ["step-2", "step-9", "step-10"]
+
+
 # ----- 5. flag values that would train wrong are refused -----
 
 @pytest.mark.parametrize("flag, value, message", [
@@ -305,6 +312,7 @@ def test_checkpoint_state_round_trips_through_json_and_safetensors():
     ("--kl-coef", "-1", "must not be negative"), ("--temperature", "inf", "finite"),
     ("--learning-rate", "inf", "finite"), ("--learning-rate", "nan", "finite"), ("--weight-decay", "-0.1", "negative"),
     ("--seed", str(2**70), "--seed"), ("--seed", "-1", "--seed"), ("--plot-every", "-1", "negative"),
+    ("--keep-checkpoints", "-1", "negative"),
     ("--device", "meta", "cpu or cuda"), ("--device", "mps", "cpu or cuda"),
 ])
 def test_flag_values_that_would_train_wrong_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flag, value, message):
