@@ -514,12 +514,11 @@ class PolicyLogprobs(torch.nn.Module):
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """The rollout less its rows with advantage 0 (groups of equal rewards), whose surrogate and gradient are exactly
-    0; the loss is still normalized by the full batch. Not with a KL penalty, which pulls on every row. Under
-    torchrun all keep as many rows as the process with the most: FSDP needs as many forwards on every process."""
-    if cfg.kl_coef > 0:
-        return rollout
-    keep = rollout.advantages != 0                                          # [rows]
+    """The rollout less its rows whose gradient is exactly 0: no token in the loss (cut, under --mask-truncated) or
+    advantage 0 (groups of equal rewards; not with a KL penalty, which pulls on every token); the loss is still
+    normalized by the full batch. Under torchrun all keep as many rows as the process with the most: FSDP needs as
+    many forwards on every process."""
+    keep = rollout.loss_mask.any(1).to(rollout.advantages.device) & ((rollout.advantages != 0) | (cfg.kl_coef > 0))
     (needed,) = all_reduce(keep.sum().item(), op="max")
     if needed == len(keep):
         return rollout

@@ -505,6 +505,32 @@ def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_token
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
+@pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
+def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_tokenizer, monkeypatch, loss_agg):
+    """--mask-truncated: a cut row's gradient is exactly 0 whatever its advantage, so the update runs no pass over
+    it and ends where running every row would have put it."""
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5, loss_agg=loss_agg, max_grad_norm=1e9)
+    rollout = _rollout(model, tok, cfg)
+    rollout.loss_mask[::3] = False                        # 4 of the 12 rows, as if cut and masked
+    start = [p.detach().clone() for p in model.parameters()]
+
+    def update():
+        for p, s in zip(model.parameters(), start):
+            p.data.copy_(s)
+        rows_seen, scorer = [], gh.PolicyLogprobs(model)
+        scorer.register_forward_pre_hook(lambda module, args: rows_seen.append(args[0].shape[0]))
+        gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg, scorer=scorer)
+        return sum(rows_seen), [p.detach().clone() for p in model.parameters()]
+
+    rows_run, ours = update()
+    monkeypatch.setattr(gh, "rows_with_signal", lambda rollout, cfg: rollout)        # every row runs
+    rows_every, reference = update()
+    assert (rows_run, rows_every) == (8, 12)
+    assert any(not torch.equal(p, s) for p, s in zip(ours, start))
+    assert all(torch.allclose(p, r, rtol=1e-5, atol=1e-7) for p, r in zip(ours, reference))
+
+
 def test_non_finite_update_is_skipped(model_and_tokenizer):
     model, tok = model_and_tokenizer
     cfg = gh.Config(group_size=4, max_new_tokens=4)
