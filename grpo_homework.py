@@ -925,7 +925,8 @@ def validate_config(cfg: Config) -> None:
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
     require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
     require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps,
-            "--lr-decay needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps)")
+            "--lr-decay (on in --demo) needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps); "
+            "--no-lr-decay turns it off")
     require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")

@@ -420,7 +420,9 @@ def test_lr_decay_follows_its_line_to_the_last_step_and_resume_cannot_move_its_e
     code, err = main_err(["--resume", out], capsys)
     assert code == 2 and "--lr-decay schedule ended there" in err and "--max-steps" not in err
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2", "--max-steps", "0", "--lr-decay"), capsys)
-    assert code == 2 and "--lr-decay needs --max-steps" in err and not (tmp_path / "r2").exists()
+    assert code == 2 and "--lr-decay (on in --demo) needs --max-steps" in err and not (tmp_path / "r2").exists()
+    code, err = main_err(["--demo", "--max-steps", "0", "--output-dir", tmp_path / "d"], capsys)
+    assert code == 2 and "--no-lr-decay turns it off" in err and not (tmp_path / "d").exists()
 
 
 def test_modes_refuse_flags_they_would_ignore(model_dir, run_copy, capsys):
