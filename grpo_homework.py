@@ -212,13 +212,13 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
 # ===== Part 2: reward ==============================================================================================
 
 # A number is a whole token: optional sign and currency sign, digits with thousands separators only in groups of
-# three, an optional decimal part, then nothing but closing punctuation before white space or the end. So
-# "1,234." and "$-5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are not (no number, not a misread prefix).
+# three, an optional decimal part, then nothing but closing punctuation before white space or the end. So "1,234.",
+# "$-5" and LaTeX's "-\$5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are not (no number, not a misread prefix).
 # Every quantifier is bounded by a character class that cannot overlap its neighbour: matching stays linear.
 # In \boxed{...} (Qwen2.5's answer form) the brace ends the token, so LaTeX may follow: \(\boxed{\$1,234}\).
-_DIGITS = r"-?\s?\$?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_DIGITS = r"-?\s?(?:\\?\$)?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _NUMBER = _DIGITS + r"(?=[.,;:!?%)*}\]]*(?:\s|$))"
-_BOXED = r"\\boxed\{[ \t]*(?:\\\$)?(" + _DIGITS + r")[ \t]*\}"
+_BOXED = r"\\boxed\{[ \t]*(" + _DIGITS + r")[ \t]*\}"
 _ANSWER_MARKER = re.compile(r"(?:####|answer is:?)[ \t*]*(" + _NUMBER + ")|" + _BOXED, re.IGNORECASE)
 # The final answer: a last line '#### N', or the last \boxed{N} in the last line, then closing delimiters only
 # (_FINAL_BOX is matched once, from the last \boxed{, so its overlapping classes stay linear).
@@ -231,7 +231,7 @@ def parse_number(text: str) -> float | None:
     """The number `text` holds as one whole token (see _NUMBER), or None; overflow to inf is no number."""
     if not isinstance(text, str) or not (m := _WHOLE_NUMBER.fullmatch(text)):
         return None
-    value = float(re.sub(r"[\s,$]", "", m.group(1)))
+    value = float(re.sub(r"[\s,$\\]", "", m.group(1)))
     return value if math.isfinite(value) else None
 
 

@@ -25,6 +25,7 @@ def test_extract_gold_answer(text, expected):
 @pytest.mark.parametrize("completion, expected", [
     ("so 8 * 9 = 72\n#### 72", 72.0),
     ("The answer is $1,234.00.", 1234.0),
+    ("The answer is \\$18.", 18.0),
     ("Therefore \\boxed{72}", 72.0),
     ("The answer is -3", -3.0),
     ("#### 5\nWait, I made an error. The answer is 7", 7.0),      # the last marker wins
@@ -41,6 +42,7 @@ def test_extract_answer_from_completion(completion, expected):
 @pytest.mark.parametrize("completion, expected, well_formed", [
     ("so \\(\\boxed{18}\\).", 18.0, True), ("\\[ \\boxed{1} \\]", 1.0, True), ("$\\boxed{18}$", 18.0, True),
     ("\\boxed{\\$18}", 18.0, True), ("\\(\\boxed{\\$1,234.50}\\)", 1234.5, True), ("\\[\n\\boxed{-3}\n\\]", -3.0, True),
+    ("\\boxed{-\\$5}", -5.0, True), ("\\boxed{\\5}", None, False),          # LaTeX's escaped dollar, nothing else
     ("\\boxed{12kg}", None, False), ("\\boxed{3/4}", None, False), ("\\boxed{1e309}", None, False),
     ("\\boxed{1,2,3}", None, False), ("#### 4\n\\boxed{12kg}", 4.0, False),      # junk in a box is no answer
     ("\\boxed{5}\nBut let me check that again.", 5.0, False),                 # the answer must end the completion
@@ -64,8 +66,8 @@ def test_the_reward_reads_real_qwen_completions(row):
 
 
 @pytest.mark.parametrize("hostile", ["#### " * 50_000, "answer is " * 50_000, "####" + " " * 200_000 + "x",
-                                     "#### " + "1," * 100_000 + ".", "$-" * 100_000, "\\boxed{" * 50_000,
-                                     "#### 5" + " \n" * 100_000 + "x", "\n" * 100_000 + "#### 1x"])
+                                     "#### " + "1," * 100_000 + ".", "$-" * 100_000, "\\$-" * 100_000,
+                                     "\\boxed{" * 50_000, "#### 5" + " \n" * 100_000 + "x", "\n" * 100_000 + "#### 1x"])
 def test_extraction_is_linear_on_hostile_text(hostile):
     start = time.perf_counter()
     gh.extract_answer_from_completion(hostile)
