@@ -359,7 +359,7 @@ def test_completion_mask_stops_at_the_first_of_either_eos_by_position(model_and_
 def test_generation_uses_the_kv_cache_even_with_gradient_checkpointing(model_and_tokenizer):
     model, tok = model_and_tokenizer
     gh.enable_checkpointing(model)
-    assert model.is_gradient_checkpointing
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())   # on under either name
     model.train()
     shapes = []
     model.model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
