@@ -1,8 +1,9 @@
-"""GRPO on GSM8K: train an instruct LLM (Qwen2.5-1.5B-Instruct) to solve grade-school math, on one CUDA GPU.
+r"""GRPO on GSM8K: train an instruct LLM (Qwen2.5-1.5B-Instruct) to solve grade-school math, on one CUDA GPU.
 
-For every batch of prompts the policy samples a group of completions per prompt, each completion is rewarded
-1 when its final number matches the gold answer, rewards are normalized within the group into advantages, and
-the policy takes a PPO-style clipped step on its own samples. No value network, no reward model.
+For every batch of prompts the policy samples a group of completions per prompt; a completion is rewarded 1 when
+its last answer (\boxed{N}, as Qwen2.5's own instruction in the prompt asks, or '#### N') is the gold number.
+Rewards are normalized within the group into advantages, and the policy takes a PPO-style clipped step on its own
+samples. No value network, no reward model.
 
 Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Advantages: (r - group mean) / (group std + eps), std unbiased; a group of equal rewards gets exactly 0.
@@ -30,7 +31,6 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 Run:
     python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~3 min)
     python grpo_homework.py MODEL_PATH                 # the homework run (GSM8K in ./gsm8k, 24 GB GPU)
-    python grpo_homework.py MODEL_PATH --help          # every flag with its default
     python grpo_homework.py SMOLLM2_PATH --task arithmetic --device cpu ...   # a real small model on a CPU (README)
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
     python grpo_homework.py --resume RUN_DIR           # finish a run stopped in any phase, or train it further
