@@ -48,6 +48,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import hashlib
 import json
 import math
 import operator
@@ -59,13 +60,16 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-if __name__ == "__main__":      # Ctrl-C while torch loads (a second or more): one line, not an import traceback
-    signal.signal(signal.SIGINT, lambda *_: (print("error: interrupted while starting; nothing was written",
-                                                   file=sys.stderr), os._exit(2)))
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")   # Ctrl-C; kill, docker stop, Slurm's time limit; a closed terminal
+if __name__ == "__main__":      # a stop while torch loads (a second or more): one line, not an import traceback
+    for _name in STOP_SIGNALS:
+        signal.signal(getattr(signal, _name), lambda *_: (print("error: interrupted while starting; nothing was "
+                                                                "written", file=sys.stderr), os._exit(2)))
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -88,6 +92,10 @@ class Config:
     dataset: str = _flag("./gsm8k", "hub-layout folder or hub id; '' = the task's generated problems (not gsm8k)")
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
     eval_size: int = _flag(200, "test problems for the greedy accuracy before and after training (0 = all)")
+    val_size: int = _flag(0, "problems held out from the start of the train split, never trained on: the validation "
+                          "set that settings are chosen on")
+    eval_split: str = _flag("test", "what the accuracy before and after scores: test, or validation (the --val-size "
+                            "problems) while choosing settings", choices=["test", "validation"])
     prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
                               choices=["chat", "plain"])
     max_prompt_length: int = _flag(512, "prompts longer than this many tokens are dropped, with a warning")
@@ -111,8 +119,16 @@ class Config:
     strict_answer: bool = _flag(False, "reward an answer only when it is the well-formed final line (else the "
                                 "last '####', 'answer is' or \\boxed anywhere counts)")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
+    min_signal_groups: int = _flag(0, "draw further batches until a step holds this many groups whose rewards "
+                                   "differ, and update on those alone (DAPO's dynamic sampling; 0 = off)")
+    max_draws: int = _flag(4, "with --min-signal-groups: at most this many further batches drawn in a step")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
+    lora_rank: int = _flag(0, "train LoRA adapters of this rank (through peft) instead of every weight; 0 = full "
+                           "fine-tuning")
+    lora_alpha: int = _flag(32, "LoRA scale: an adapter's update is multiplied by alpha / rank")
+    lora_targets: str = _flag("all-linear", "layers that get adapters: all-linear (every linear layer of the body, "
+                              "not the LM head) or comma-separated names such as q_proj,v_proj")
     lr_warmup_steps: int = _flag(10, "linear learning-rate warm-up, then constant")
     lr_decay: bool = _flag(False, "after the warm-up, decay the learning rate linearly to 0 at the last step "
                            "(--max-steps, or the data's end if sooner)")
@@ -150,13 +166,19 @@ HASH_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give
 
 
 def build_prompt(question: str, tokenizer=None, style: str = "plain", instruction: str = GSM8K_INSTRUCTION) -> str:
-    """The template's plain prompt, or the tokenizer's chat template asking for the task's answer format."""
+    """The tokenizer's chat template asking for the task's answer format, or the template's plain prompt (after the
+    instruction, for tasks other than GSM8K, whose answer form the plain prompt does not ask for)."""
     if style == "chat":
         if not getattr(tokenizer, "chat_template", None):   # falling back to plain would mislabel the run
             raise UserError("the tokenizer has no chat template: pass --prompt-style plain")
         messages = [{"role": "system", "content": instruction}, {"role": "user", "content": question}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return PLAIN_PROMPT.format(question=question)
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:      # a template with no system role (Gemma's raises): the instruction opens the user turn
+            messages = [{"role": "user", "content": f"{instruction}\n\n{question}"}]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    plain = PLAIN_PROMPT.format(question=question)
+    return plain if instruction == GSM8K_INSTRUCTION else f"{instruction}\n\n{plain}"
 
 
 class GSM8KDataset(Dataset):
@@ -191,7 +213,8 @@ class GSM8KDataset(Dataset):
 
     @staticmethod
     def extract_answer(answer_str):
-        """Gold number after a GSM8K answer's last '####' (or a plain number), thousands separators removed; or None."""
+        """Gold number after a GSM8K answer's last '####', thousands separators removed (an int or float is taken
+        as it is); None for anything else, a string without '####' ("72") included."""
         if isinstance(answer_str, (int, float)) and not isinstance(answer_str, bool):
             return float(answer_str) if math.isfinite(answer_str) else None
         if not isinstance(answer_str, str) or "####" not in answer_str:
@@ -383,9 +406,16 @@ def prefill_once(model, input_ids, attention_mask, num_samples):
     cache = DynamicCache(config=model.config)
     positions = position_ids_from_mask(attention_mask)                   # [prompts, prompt]
     model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
-          past_key_values=cache, use_cache=True, logits_to_keep=1)
+          use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})
     cache.batch_repeat_interleave(num_samples)
     return cache
+
+
+def cache_keyword(model) -> str:
+    """The KV cache's argument name: `cache` where transformers has renamed it (`past_key_values` then warns, and
+    goes in 5.40), `past_key_values` in the 5.x releases before."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_tokens=256, temperature=1.0,
@@ -415,7 +445,7 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
                 if share_prefill:
                     prompts = slice(start // num_samples, (start + batch_size) // num_samples)
                     cache = prefill_once(model, input_ids[prompts], attention_mask[prompts], num_samples)
-                out = model.generate(input_ids=prompt_ids[start:start + batch_size], past_key_values=cache,
+                out = model.generate(input_ids=prompt_ids[start:start + batch_size], **{cache_keyword(model): cache},
                                      attention_mask=prompt_mask[start:start + batch_size], generation_config=config)
                 pieces.append(out[:, prompt_length:])
     finally:
@@ -477,7 +507,7 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
         return (zeros, zeros.clone()) if with_entropy else zeros
     # Forward pass and shift: the body's state at t - 1 predicts token t, kept from the prompt's end on (no LM head
     # over the prompt); the rows of one prompt (a GRPO group) are packed so that it runs once (shared_prompt_hidden).
-    body = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
+    body = model.base_model                                        # the transformer without its LM head
     segment = prompt_segments(input_ids, attention_mask, start)
     if start > 1 and int(segment[-1]) + 1 < batch and body.config._attn_implementation in ("sdpa", "eager"):
         hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
@@ -522,10 +552,15 @@ def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     (needed,) = all_reduce(keep.sum().item(), op="max")
     if needed == len(keep):
         return rollout
-    # No signal on any process: no row runs, yet grpo_update still steps on the zero gradient (AdamW's momentum moves).
+    # No signal on any process: no row runs, and grpo_update takes no optimizer step.
     rows = torch.cat([keep.nonzero(), (~keep).nonzero()[: int(needed) - int(keep.sum())]]).squeeze(1).sort().values
+    return select_rows(rollout, rows)
+
+
+def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
+    """The rollout's record of these rows only (prompt_length stays)."""
     pick = lambda v: v[rows.to(v.device)] if torch.is_tensor(v) else [v[i] for i in rows.tolist()] \
-        if isinstance(v, list) else v                                     # prompt_length stays
+        if isinstance(v, list) else v
     return Rollout(**{name: pick(value) for name, value in vars(rollout).items()})
 
 
@@ -563,7 +598,11 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     # This process's share of the loss, so that stats average the rows it trained on; 0 when every completion
     # is masked (token-mean with --mask-truncated), and then the stats stay 0.
     covered = sum(weights) or 1.0
-    stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0}
+    stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0,
+             "no_signal": not chunks, "policy_kl": 0.0, "entropy": None}
+    if not chunks:       # no gradient on any process: no optimizer step either (AdamW would replay its momentum)
+        stats["skipped"] = cfg.ppo_epochs
+        return stats
     entropy_sum = entropy_tokens = 0.0              # over the completion tokens the update ran, in its first epoch
     for epoch in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
@@ -575,6 +614,8 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
                                        rollout.prompt_length, cfg.temperature, cfg.logprob_chunk_size, True)
             if epoch == 0:                  # tensors: no device sync per micro-batch
                 entropy_sum, entropy_tokens = entropy_sum + entropy[mask].sum(), entropy_tokens + mask.sum()
+                if i == 0:
+                    logprobs_before = logprobs.detach()
             old_lp = logprobs.detach() if old is None else old[rows, :used]
             loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device), mask,
                                                  cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
@@ -588,9 +629,6 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
             epoch_loss += weight * loss.item()
             stats["clipfrac"] += weight / covered * mb_stats["clipfrac"] / cfg.ppo_epochs
             stats["approx_kl"] += weight / covered * mb_stats["approx_kl"] / cfg.ppo_epochs
-        if not chunks:               # the gradient the skipped passes would have produced: exactly 0
-            for p in params:
-                p.grad = torch.zeros_like(p)
         epoch_loss = all_reduce(epoch_loss)[0] / world()[1]         # every process decides the same skip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
@@ -603,12 +641,24 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
         stats["loss"] += epoch_loss / cfg.ppo_epochs
         stats["grad_norm"] += grad_norm / cfg.ppo_epochs
     optimizer.zero_grad(set_to_none=True)
-    keys = ("clipfrac", "approx_kl", "kl_ref")
+    stats["policy_kl"] = policy_shift(scorer, rollout, chunks[0], logprobs_before, cfg)
+    keys = ("clipfrac", "approx_kl", "kl_ref", "policy_kl")
     *averaged, entropy_sum, entropy_tokens = all_reduce(*(stats[k] for k in keys), float(entropy_sum),
                                                         float(entropy_tokens))
     stats.update(zip(keys, (v / world()[1] for v in averaged)))
     stats["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else None   # no pass ran: not measured
     return stats
+
+
+def policy_shift(scorer, rollout: Rollout, chunk, logprobs_before, cfg: Config) -> float:
+    """How far this step's update moved the policy: KL(before || after) on the first micro-batch's completion tokens
+    (k3 estimate, from the tokens sampled before). With one PPO epoch the loss's ratio is 1 by construction, so
+    clipfrac and approx_kl cannot show it; this costs one forward pass of a micro-batch."""
+    rows, used = chunk
+    with inference_mode(scorer):
+        after = scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used], rollout.prompt_length,
+                       cfg.temperature, cfg.logprob_chunk_size)
+    return masked_token_mean(kl_k3(logprobs_before, after), rollout.loss_mask[rows, :used]).item()
 
 
 def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
@@ -661,6 +711,22 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     task, scorer, start = TASKS[cfg.task], extras.scorer or PolicyLogprobs(model), extras.start
     history, step = [], start["step"]
     model.train()
+
+    def sample_and_score(batch) -> Rollout:
+        # 1. Sample group_size completions of each prompt from the current policy.
+        with full_weights(scorer):
+            sample = halve_on_oom(cfg, "generation_batch_size", lambda: generate_completions(
+                model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
+        # 2. Reward each completion: is its final number its prompt's gold answer?
+        golds = [gold for gold in batch["answers"] for _ in range(group_size)]       # one per completion
+        rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
+                                 strict_answer=cfg.strict_answer)
+        # 3. Advantages: each reward relative to the other completions of the same prompt.
+        advantages = compute_advantages_grpo(rewards, group_size, normalize_by_std=cfg.advantage == "grpo",
+                                             advantage_eps=cfg.advantage_eps)
+        return rollout_from(sample, rewards, advantages, cfg.mask_truncated)
+
     from tqdm.auto import tqdm
     with tqdm(total=last_step(cfg, train_loader), initial=step, desc="GRPO", dynamic_ncols=True,
               disable=None if is_main() else True) as bar:
@@ -668,35 +734,33 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
             for shuffler in (train_loader, getattr(train_loader, "sampler", None)):   # ours, or a DistributedSampler
                 if hasattr(shuffler, "set_epoch"):      # a new order each epoch, the same one on resume
                     shuffler.set_epoch(epoch)
-            for index, batch in enumerate(train_loader):
+            batches = enumerate(train_loader)
+            for index, batch in batches:
                 if epoch == start["epoch"] and index < start["batch_in_epoch"]:
                     continue
                 if cfg.max_steps and step >= cfg.max_steps:
                     return history
                 t0 = time.perf_counter()
-                # 1. Sample group_size completions of each prompt from the current policy.
-                with full_weights(scorer):
-                    sample = halve_on_oom(cfg, "generation_batch_size", lambda: generate_completions(
-                        model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                        max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
-                # 2. Reward each completion: is its final number its prompt's gold answer?
-                golds = [gold for gold in batch["answers"] for _ in range(group_size)]       # one per completion
-                rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
-                                         strict_answer=cfg.strict_answer)
-                # 3. Advantages: each reward relative to the other completions of the same prompt.
-                advantages = compute_advantages_grpo(rewards, group_size, normalize_by_std=cfg.advantage == "grpo",
-                                                     advantage_eps=cfg.advantage_eps)
+                drawn = [sample_and_score(batch)]
+                # (--min-signal-groups) Draw further batches until enough groups' rewards differ.
+                while wants_more_signal(drawn, cfg) and len(drawn) <= cfg.max_draws and \
+                        (more := next(batches, None)) is not None:
+                    index, batch = more
+                    drawn.append(sample_and_score(batch))
                 t1 = time.perf_counter()
                 # 4. Update: the clipped policy-gradient step on these samples.
-                rollout = rollout_from(sample, rewards, advantages, cfg.mask_truncated)
+                sampled = merge_rollouts(drawn, tokenizer.pad_token_id or 0)
+                rollout = groups_with_signal(sampled, cfg) if cfg.min_signal_groups else sampled
                 stats = halve_on_oom(cfg, "micro_batch_size", lambda: grpo_update(
                     model, optimizer, rollout, cfg, extras.ref_model, scorer=scorer))
                 t2 = time.perf_counter()
                 lr = optimizer.param_groups[0]["lr"]
-                if extras.scheduler is not None:
-                    extras.scheduler.step()
+                if extras.scheduler is not None:      # counts steps, those without an optimizer step too
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+                        extras.scheduler.step()
                 step += 1
-                record = step_record(step, epoch, index + 1, rollout, stats, cfg, lr, t1 - t0, t2 - t1)
+                record = step_record(step, epoch, index + 1, sampled, rollout, stats, cfg, lr, t1 - t0, t2 - t1)
                 if cfg.check_replicas:
                     record["weight_checksum"] = check_replicas(model, step)
                 history.append(record)
@@ -781,8 +845,12 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
         raise
     except (KeyboardInterrupt, Exception) as e:      # any failure (a full disk in safetensors, NaN sampling): one line
         cause = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({first_line(e)})"
-        if not (run_dir / "config.json").exists():
-            raise UserError(f"{cause} while loading; nothing was kept, so run the same command again") from None
+        again = isinstance(e, (KeyboardInterrupt, OSError))    # worth repeating; any other failure would recur
+        if phase == "loading" and not (run_dir / "config.json").exists():
+            raise UserError(f"{cause} while loading; nothing was kept" + (", so run the same command again" if again
+                                                                          else "")) from None
+        if phase == "loading" and resume and not again:
+            raise UserError(f"{cause} while loading {run_dir} to resume it; the run is as it was") from None
         launch = f"torchrun --nproc_per_node={world()[1]}" if world()[1] > 1 else "python"
         raise UserError(f"{cause} during {phase}; resume with: {launch} {Path(sys.argv[0]).name} --resume {run_dir}") \
             from None
@@ -795,7 +863,12 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     checkpoint = (saved_checkpoints(run_dir) or [None])[-1] if resume else None     # the newest
 
     print("Loading tokenizer and model...")
-    model, tokenizer = load_model_and_tokenizer(str(checkpoint or cfg.model_path), device, cfg.dtype)
+    # LoRA: the starting model with adapters (a checkpoint holds the adapters only); else the checkpoint's weights
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint if checkpoint and not cfg.lora_rank else
+                                                    cfg.model_path), device, cfg.dtype)
+    check_logits_are_scored(model, cfg.model_path)
+    if cfg.lora_rank:
+        model = with_lora(model, cfg, checkpoint)
     ref_model = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False) \
         if cfg.kl_coef > 0 else None            # the KL penalty's frozen copy of the starting model
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
@@ -805,11 +878,16 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
 
     print("Loading dataset...")
     task, rank, world_size = TASKS[cfg.task], *world()
-    train_set, eval_set = (GSM8KDataset(f"{split}[:{size}]" if size else split, tokenizer, cfg.max_prompt_length,
-                                        dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=task)
-                           for split, size in (("train", cfg.train_size), ("test", cfg.eval_size)))
+    # Validation: the first --val-size problems of the train split; training takes the ones after them.
+    part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
+    val = cfg.val_size
+    train_set, eval_set = (GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
+                                        prompt_style=cfg.prompt_style, task=task)
+                           for split in (part("train", val, cfg.train_size and val + cfg.train_size),
+                                         part("test", 0, cfg.eval_size) if cfg.eval_split == "test" else
+                                         part("train", 0, cfg.eval_size or val)))
     if len(eval_set) == 0:
-        raise UserError(f"no test problems left to evaluate on (all longer than --max-prompt-length "
+        raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
     if len(train_set) < cfg.batch_size * world_size:
         raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
@@ -918,7 +996,8 @@ def validate_config(cfg: Config) -> None:
                  "ppo_epochs", "max_new_tokens", "logprob_chunk_size", "max_prompt_length", "learning_rate",
                  "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
-    for name in ("train_size", "eval_size", "max_steps", "save_every", "keep_checkpoints", "plot_every",
+    for name in ("train_size", "eval_size", "val_size", "lora_rank", "max_steps", "save_every", "keep_checkpoints", "plot_every",
+                 "min_signal_groups", "max_draws",
                  "show_examples", "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
         require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
     require(cfg.generation_batch_size % cfg.group_size == 0,
@@ -928,8 +1007,18 @@ def validate_config(cfg: Config) -> None:
             "--lr-decay (on in --demo) needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps); "
             "--no-lr-decay turns it off")
     require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1")
+    if cfg.lora_rank:
+        import importlib.util
+        require(importlib.util.find_spec("peft") is not None, "--lora-rank needs peft, which is not installed: "
+                                                              "pip install peft")
+        require(cfg.lora_alpha > 0 and cfg.lora_targets.strip(", ") != "", "--lora-alpha must be positive and "
+                                                                            "--lora-targets name layers")
+        require(cfg.parallel != "fsdp", "--lora-rank with --parallel fsdp is not supported: use --parallel ddp (the "
+                                        "adapters and their optimizer state are small)")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
+    require(cfg.eval_split == "test" or 0 < cfg.val_size and cfg.eval_size <= cfg.val_size,
+            "--eval-split validation scores the --val-size held-out problems: pass --val-size N, at least --eval-size")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device), f"--device must be auto, cpu, cuda or cuda:N: this "
                                                               f"script trains on cpu or cuda only (not {cfg.device!r})")
     require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
@@ -969,7 +1058,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     typed = vars(build_arg_parser(defaults=False).parse_args(argv))
     explicit = {k: v for k, v in typed.items() if k in Config.__dataclass_fields__}
     for key in {"model_path", "dataset", "output_dir"} & set(explicit):   # a shell leaves ~ after '=' or in quotes
-        explicit[key] = os.path.expanduser(explicit[key])
+        explicit[key] = os.path.expanduser(explicit[key]) if key == "output_dir" else absolute_if_local(explicit[key])
     if "" in (args.resume, args.report):            # '' is an unset shell variable, not "no --resume"
         raise UserError(f"--{'resume' if args.resume == '' else 'report'} needs a RUN_DIR (it is empty)")
     args.resume, args.report = (os.path.expanduser(p) if p else p for p in (args.resume, args.report))
@@ -994,10 +1083,18 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     base = demo_grpo_config(Config()) if args.demo else Config()
     if explicit.get("task", base.task) != "gsm8k" and "dataset" not in explicit:
         explicit["dataset"] = ""          # ./gsm8k would silently train another task on GSM8K's questions
-    return dataclasses.replace(base, **explicit), args
+    return dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit}), args
 
 
-# Ctrl-C, in one place: main() installs on_ctrl_c for the whole command. While training, the first press only
+def absolute_if_local(path: str) -> str:
+    """A local path made absolute, so that a resume started from another folder reads the same files; a hub id
+    ('openai/gsm8k', no such folder here) as it is."""
+    looks_local = path.startswith((".", "/", "~")) or Path(path).exists()
+    return os.path.abspath(os.path.expanduser(path)) if path and looks_local else path
+
+
+# Ctrl-C, in one place: main() installs on_ctrl_c for the whole command, for SIGTERM and SIGHUP as well (a scheduler's
+# time limit, docker stop or a closed terminal: each stops a run as Ctrl-C does). While training, the first press only
 # asks the loop to stop after the step in flight (it is checkpointed, and --resume continues bit-identically);
 # a second press, or any press elsewhere, raises KeyboardInterrupt, which run_phases turns into one line saying
 # how to resume. Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector),
@@ -1010,7 +1107,9 @@ def on_ctrl_c(signum, frame):
     if _ctrl_c["training"] and not (_ctrl_c["asked"] and time.monotonic() - _ctrl_c["asked"] > 2):
         if not _ctrl_c["asked"]:        # torchrun repeats the first press at once: only a later one aborts
             _ctrl_c["asked"] = time.monotonic()
-            print("\nCtrl-C: stopping after this step (press again to abort at once)", file=sys.stderr)
+            with contextlib.suppress(OSError):        # SIGHUP: the terminal may be gone
+                print(f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again aborts at once)",
+                      file=sys.stderr)
         return
     _ctrl_c["pressed"] = True
     raise KeyboardInterrupt
@@ -1025,15 +1124,17 @@ def check_ctrl_c() -> None:
 def ctrl_c_latch():
     """Latch Ctrl-C while the block runs; quiet about one Python dropped (raised again) and finalizers after it."""
     _ctrl_c.update(pressed=False, training=False, asked=0.0)
-    previous = signal.signal(signal.SIGINT, on_ctrl_c), sys.unraisablehook
-    sys.unraisablehook = lambda u: None if _ctrl_c["pressed"] else previous[1](u)
+    signals = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
+    handlers, hook = [signal.signal(s, on_ctrl_c) for s in signals], sys.unraisablehook
+    sys.unraisablehook = lambda u: None if _ctrl_c["pressed"] else hook(u)
     try:
         yield
     finally:
         if _ctrl_c["pressed"]:
             gc.collect()        # run what the interrupt left behind while the quiet hook is still in place
-        signal.signal(signal.SIGINT, previous[0])
-        sys.unraisablehook = previous[1]
+        for s, handler in zip(signals, handlers):
+            signal.signal(s, handler)
+        sys.unraisablehook = hook
         _ctrl_c.update(pressed=False, training=False, asked=0.0)
 
 
@@ -1144,6 +1245,8 @@ class Run(LoopExtras):
     summary: dict = field(default_factory=dict)
     t_start: float = field(default_factory=time.perf_counter)
     last_record: dict | None = None   # the last step trained in this process
+    rng: dict | None = None           # the random streams as that step left them (a checkpoint continues from there)
+    updates_at_record: int = 0        # optimizer updates begun by then: more since means the weights are mid-step
     saved_step: int | None = None     # the step of the newest checkpoint on disk
 
 
@@ -1151,6 +1254,9 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     """Continue from `checkpoint` when there is one, trim metrics.jsonl to it, and record the run's config."""
     import transformers
     cfg, run_dir, (rank, world_size) = run.cfg, run.run_dir, world()
+    earlier = read_json(run_dir / "config.json") if resume else {}       # the command that started it stays first
+    inputs = checked_inputs(run, earlier.get("inputs", {}),
+                            reads_model=not checkpoint or cfg.kl_coef > 0 or cfg.lora_rank > 0)
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
     if checkpoint:
         state = load_trainer_state(checkpoint)
@@ -1177,22 +1283,54 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     if resume:
         write_jsonl(run_dir / "metrics.jsonl",
                     [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
-    earlier = read_json(run_dir / "config.json") if resume else {}       # the command that started it stays first
     resumes = earlier.get("resumes", []) + [{"argv": sys.argv, "at_step": run.start["step"]}] if resume else []
     versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
     write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": earlier.get("argv", sys.argv),
-                                         "resumes": resumes, "processes": world_size, "versions": versions})
+                                         "resumes": resumes, "processes": world_size, "versions": versions,
+                                         "inputs": inputs})
+
+
+def checked_inputs(run: Run, saved: dict, reads_model: bool) -> dict:
+    """Fingerprints of what the run reads: its training and evaluation problems, and the model folder when this
+    start reads it (a fresh start, a resume with no checkpoint yet, the KL reference, LoRA). A resume whose inputs
+    changed since the run began is refused: it would pair records of other problems, or train another model."""
+    digest = lambda data: hashlib.sha256(json.dumps([data.prompts, data.answers], default=str).encode()).hexdigest()
+    inputs = {"train": digest(run.loader.dataset), "eval": digest(run.eval_set),
+              "model": folder_fingerprint(run.cfg.model_path) if reads_model else saved.get("model")}
+    names = {"train": f"training problems of {run.cfg.dataset or 'the generated task'}",
+             "eval": f"evaluation problems of {run.cfg.dataset or 'the generated task'}",
+             "model": f"model folder {run.cfg.model_path}"}
+    for key in [k for k in inputs if k in saved and saved[k] != inputs[k]][:1]:
+        raise UserError(f"--resume {run.run_dir}: the {names[key]} changed since the run began (their fingerprint "
+                        f"differs): put them back as they were, or start a new run")
+    return inputs
+
+
+def folder_fingerprint(path: str) -> str | None:
+    """sha256 over a local model folder's files, names and bytes (a few seconds for GBs); None for a hub id."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+        digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def evaluate_before(run: Run) -> None:
     """Greedy accuracy of the starting model (kept from an earlier attempt of this run when there is one)."""
     before = run.summary.get("before") if (run.run_dir / "eval_before.jsonl").exists() else None
+    if before is not None:
+        same_problems(read_jsonl(run.run_dir / "eval_before.jsonl"), [{"question": q} for q in run.eval_set.questions])
     if before is None:
-        print(f"Evaluating the starting model on {len(run.eval_set)} test problems...")
+        print(f"Evaluating the starting model on {len(run.eval_set)} {run.cfg.eval_split} problems...")
         with full_weights(run.scorer):
             before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, desc="eval before")
         write_jsonl(run.run_dir / "eval_before.jsonl", records)
-    print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} test problems, "
+    print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} {run.cfg.eval_split} problems, "
           f"format {before['format_rate']:.0%})")
     run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": False}
@@ -1202,7 +1340,7 @@ def evaluate_before(run: Run) -> None:
 def checkpoint_now(run: Run) -> None:
     if run.last_record is not None and run.last_record["step"] != run.saved_step:
         save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
-                        run.scorer)
+                        run.scorer, run.rng)
         run.saved_step = run.last_record["step"]
         for old in saved_checkpoints(run.run_dir)[:-run.cfg.keep_checkpoints] if is_main() else []:   # [:-0] is empty
             shutil.rmtree(own_path(old, folder=True))
@@ -1215,7 +1353,8 @@ def train_phase(run: Run) -> None:
     metrics_file = open(own_path(run_dir / "metrics.jsonl"), "a") if is_main() else None
 
     def on_step(record: dict) -> None:
-        run.last_record = record
+        run.last_record, run.rng = record, rng_state(run.optimizer)
+        run.updates_at_record = getattr(run.optimizer, "updates_begun", 0)
         if cfg.save_every and record["step"] % cfg.save_every == 0:
             checkpoint_now(run)
         if not is_main():
@@ -1238,6 +1377,13 @@ def train_phase(run: Run) -> None:
         checkpoint_now(run)
         write_plots(run_dir, run.summary)
         raise KeyboardInterrupt from None
+    except Exception as e:          # a failure mid-step (CUDA error, out of memory at the smallest batch): the weights
+        # of the last finished step are still held unless an optimizer update had begun since; one process alone,
+        # since under torchrun the others may be waiting in a collective the checkpoint would join
+        if getattr(run.optimizer, "updates_begun", 0) == run.updates_at_record and world()[1] == 1:
+            with contextlib.suppress(Exception):      # the failure is the news; a second one would hide it
+                checkpoint_now(run)
+        raise
     finally:
         _ctrl_c["training"] = False
         if metrics_file:
@@ -1249,15 +1395,15 @@ def finish_run(run: Run) -> None:
     cfg, run_dir = run.cfg, run.run_dir
     print("Training completed!")
     checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
-    print(f"Evaluating the trained model on {len(run.eval_set)} test problems...")
+    print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
     with full_weights(run.scorer):
         after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
     print(f"Accuracy before training: {run.summary['accuracy_before']:.2%}")
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(read_jsonl(run_dir / "eval_before.jsonl"), after_records))[:cfg.show_examples]:
-        print(f"\nQ: {b['question']}\n   gold {b['gold']} | before: {show(b)} | after: {show(a)}")
-    replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, run.scorer))
+        print(f"\nQ: {b['question']}\n   gold {show_number(b['gold'])} | before: {show(b)} | after: {show(a)}")
+    replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, run.scorer, final=True))
     run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
@@ -1266,6 +1412,45 @@ def finish_run(run: Run) -> None:
     write_before_after(run_dir)
     write_json(run_dir / "summary.json", run.summary)      # finished only now: a Ctrl-C before resumes
     print(f"Run written to {run_dir}")
+
+
+# ----- Filling a step with signal (--min-signal-groups): DAPO's dynamic sampling -----
+
+def spread(rollout: Rollout, group_size: int) -> torch.Tensor:
+    """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
+    grouped = rollout.rewards.view(-1, group_size)
+    return ~(grouped == grouped[:, :1]).all(1)
+
+
+def wants_more_signal(drawn: list[Rollout], cfg: Config) -> bool:
+    """Whether a step should draw another batch: some process holds fewer groups with spread than asked for (all
+    processes draw together, so that they keep the same data position and as many groups)."""
+    have = sum(int(spread(r, cfg.group_size).sum()) for r in drawn)
+    return bool(cfg.min_signal_groups) and all_reduce(float(have < cfg.min_signal_groups), op="max")[0] > 0
+
+
+def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Several batches' rollouts as one: prompts left-padded to the longest, completions right-padded (padding is
+    out of the attention and loss masks, and positions come from the mask, so every row scores as before)."""
+    if len(parts) == 1:
+        return parts[0]
+    prompt = max(r.prompt_length for r in parts)
+    width = max(r.output_ids.shape[1] - r.prompt_length for r in parts)
+    pad = lambda r, t, value: F.pad(t, (prompt - r.prompt_length, width + r.prompt_length - t.shape[1]), value=value)
+    return Rollout(*(torch.cat([pad(r, getattr(r, name), value) for r in parts]) for name, value in
+                     (("output_ids", pad_id), ("attention_mask", 0), ("loss_mask", False))), prompt,
+                   [c for r in parts for c in r.completions],
+                   *(torch.cat([getattr(r, name) for r in parts]) for name in
+                     ("rewards", "advantages", "truncated", "completion_lengths")))
+
+
+def groups_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
+    """The first --min-signal-groups groups whose rewards differ; when the draws ran out before that many, groups
+    without spread make up the count (no gradient, but every process keeps as many rows)."""
+    has = spread(rollout, cfg.group_size)
+    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:cfg.min_signal_groups].sort().values
+    rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
+    return select_rows(rollout, rows)
 
 
 # ----- Records and checkpoints: JSON and safetensors, each written whole or not at all -----
@@ -1338,17 +1523,21 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
     return rows
 
 
-def step_record(step: int, epoch: int, batch_in_epoch: int, rollout: Rollout, stats: dict, cfg: Config, lr: float,
-                gen_seconds: float, update_seconds: float) -> dict:
-    """One line of metrics.jsonl: every process's samples, the slowest process's seconds."""
+def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, rollout: Rollout, stats: dict,
+                cfg: Config, lr: float, gen_seconds: float, update_seconds: float) -> dict:
+    """One line of metrics.jsonl: every process's samples (all drawn: `sampled`; updated on: `rollout`), the slowest
+    process's seconds."""
     rewards, lengths, truncated = (torch.cat(parts).float() for parts in zip(*gather_objects(
-        (rollout.rewards.cpu(), rollout.completion_lengths.cpu(), rollout.truncated.cpu()))))
+        (sampled.rewards.cpu(), sampled.completion_lengths.cpu(), sampled.truncated.cpu()))))
+    (kept,) = all_reduce(int(spread(rollout, cfg.group_size).sum()))
     gen_seconds, update_seconds = all_reduce(gen_seconds, update_seconds, op="max")
     grouped = rewards.view(-1, cfg.group_size)
     record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
+              "prompts_drawn": len(grouped), "signal_groups": int(kept),
               "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
               "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
-              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "skipped", "entropy")},
+              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "policy_kl", "grad_norm", "skipped",
+                                       "no_signal", "entropy")},
               "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
               "truncated_frac": truncated.mean().item(), "lr": lr,
               "gen_seconds": gen_seconds, "update_seconds": update_seconds,
@@ -1374,11 +1563,16 @@ def whole_state(scorer, optimizer=None, load: dict | None = None):
         {k.removeprefix("policy."): v for k, v in sd.get_model_state_dict(scorer, options=options).items()}
 
 
-def save_model(path: Path, model, tokenizer, scorer=None) -> None:
-    """save_pretrained on the main process; under FSDP the shards are first gathered there."""
+def save_model(path: Path, model, tokenizer, scorer=None, final: bool = False) -> None:
+    """save_pretrained on the main process; under FSDP the shards are first gathered there. Under LoRA a checkpoint
+    holds the adapters; `final` holds them in adapter/ and the model with them merged in, which loads without peft."""
+    adapters = model.__dict__.get("peft_model")
     state = whole_state(scorer)
     if is_main():
-        model.save_pretrained(path, state_dict=state)
+        if adapters is not None:
+            adapters.save_pretrained(path / "adapter" if final else path)
+        if adapters is None or final:
+            (adapters.merge_and_unload() if adapters is not None else model).save_pretrained(path, state_dict=state)
         tokenizer.save_pretrained(path)
 
 
@@ -1429,17 +1623,23 @@ def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
         os.replace(tmp, path)
 
 
-def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None) -> Path:
-    """Everything needed to continue bit-for-bit: weights, optimizer, schedule, data position, random streams."""
+def rng_state(optimizer) -> dict:
+    """This process's random streams: sampling (python, torch, cuda) and the optimizer's rounding noise."""
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "rounding": optimizer.rounding_state() if hasattr(optimizer, "rounding_state") else {}}
+
+
+def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None,
+                    rng: dict | None = None) -> Path:
+    """Everything needed to continue bit-for-bit: weights, optimizer, schedule, data position, random streams
+    (`rng`, as the step left them; now, if not given)."""
     from safetensors.torch import save_file
 
     def write(tmp: Path) -> None:
         save_model(tmp, model, tokenizer, scorer)
-        rng = {"python": random.getstate(), "torch": torch.get_rng_state(),   # this process's random streams
-               "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-               "rounding": optimizer.rounding_state() if hasattr(optimizer, "rounding_state") else {}}
         state = {"optimizer": whole_state(scorer, optimizer),
-                 "scheduler": scheduler.state_dict(), "rng": gather_objects(rng),   # by rank
+                 "scheduler": scheduler.state_dict(), "rng": gather_objects(rng or rng_state(optimizer)),   # by rank
                  **{k: record[k] for k in ("step", "epoch", "batch_in_epoch")}}
         if is_main():
             tensors = {}
@@ -1478,8 +1678,8 @@ def load_trainer_state(checkpoint: Path) -> dict:
 
 def redraw_report(run_dir: Path) -> None:
     """--report: plots and before_after.md of a run, drawn again from its records."""
-    if not (run_dir / "metrics.jsonl").is_file():
-        raise UserError(f"--report {run_dir}: no metrics.jsonl there, so it is not a run directory")
+    if not is_run_dir(run_dir):
+        raise UserError(f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
     lock = None
     try:
         lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
@@ -1491,6 +1691,9 @@ def redraw_report(run_dir: Path) -> None:
     finally:
         if lock is not None:
             os.close(lock)
+    if not written:
+        raise UserError(f"--report {run_dir}: nothing to draw yet (no training step and no evaluation after training "
+                        f"recorded)")
     print("\n".join(str(p) for p in written))
 
 
@@ -1500,22 +1703,26 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     metrics = read_jsonl(run_dir / "metrics.jsonl", key="step") if is_main() else []
-    metrics = [{"entropy": None, **m} for m in metrics]               # records from before entropy was logged
+    metrics = [{"entropy": None, "policy_kl": None, **m} for m in metrics]    # records from before these were logged
     if not metrics:
         return []
     if summary is None:
         summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     (plots := own_path(run_dir / "plots", folder=True)).mkdir(exist_ok=True)
     steps = [m["step"] for m in metrics]
+    saved = read_json(run_dir / "config.json").get("config", {}) if (run_dir / "config.json").is_file() else {}
+    bonus = saved.get("format_reward") or 0
     column = lambda key: [math.nan if m[key] is None else m[key] for m in metrics]   # None: a gap (entropy)
     rewards, window = column("reward_mean"), max(1, len(metrics) // 20)     # a moving mean from 40 steps on
-    kl = [("clip fraction", column("clipfrac")), ("approx KL to sampler", column("approx_kl"))] + (
+    kl = [("clip fraction", column("clipfrac")), ("approx KL to sampler", column("approx_kl")),
+          ("KL, policy before to after the step", column("policy_kl"))] + (
         [("k3 KL to reference", column("kl_ref"))] if "kl_ref" in metrics[0] else [])
     moving = [sum(rewards[max(0, i + 1 - window):i + 1]) / min(i + 1, window) for i in range(len(rewards))]
     accuracy = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color) for when, key, color in
                 (("before", "accuracy_before", "tab:red"), ("after", "accuracy_after", "tab:green")) if key in summary]
     figures = {   # name: title, y label, [(label, values)], horizontal lines
-        "reward.png": ("Mean reward of sampled completions", "reward", [("per step", rewards)] + [
+        "reward.png": ("Mean reward of sampled completions" + (f" (1 if right, + {bonus} if well formed)" if bonus
+                       else ""), "reward; greedy accuracy (dashed)", [("per step", rewards)] + [
             (f"moving mean ({window} steps)", moving)] * (window > 1), accuracy),
         "length.png": ("Completion length", "tokens", [("mean", column("completion_len_mean")),
                                                        ("max", column("completion_len_max"))], []),
@@ -1525,8 +1732,11 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     }
     for name, (title, ylabel, series, hlines) in figures.items():
         fig, ax = plt.subplots(figsize=(7, 4))
-        for label, values in series:    # entropy has gaps: dots keep a step between two gaps visible
-            ax.plot(steps, values, ".-" if name == "entropy.png" else "-", label=label)
+        for label, values in series:    # dots keep a lone step visible: a short run, or one between two gaps
+            ax.plot(steps, values, ".-" if name == "entropy.png" or len(steps) <= 30 else "-", label=label)
+        if all(math.isnan(v) for _, values in series for v in values):
+            ax.text(0.5, 0.5, "not measured: no step ran an update pass\n(every group's rewards were equal)",
+                    transform=ax.transAxes, ha="center", va="center")
         for label, y, color in hlines:
             ax.axhline(y, color=color, linestyle="--", label=label)
         ax.set(title=title, xlabel="step", ylabel=ylabel)
@@ -1538,19 +1748,42 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     return [plots / name for name in figures]
 
 
+def literal(text: str) -> str:
+    """Markdown that shows `text` as written: every ASCII punctuation mark escaped (no HTML, LaTeX math, emphasis or
+    table cells from a model's output), line breaks as <br> (a table cell is one line)."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text).replace("\n", "<br>")
+
+
+def show_number(value):
+    """18.0 as 18: golds and answers are read as floats."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def same_problems(before: list[dict], after: list[dict]) -> None:
+    """UserError unless two evaluations' records are of the same problems in the same order."""
+    if [r["question"] for r in before] != [r["question"] for r in after]:
+        raise UserError("eval_before.jsonl holds other problems than the evaluation after training (the data changed "
+                        "on disk?): the accuracies and answers cannot be compared")
+
+
 def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
     """Problems whose greedy answer flipped, with both completions side by side."""
     before, after = read_jsonl(run_dir / "eval_before.jsonl"), read_jsonl(run_dir / "eval_after.jsonl")
     if not before or not after:
         return None
     pairs = list(zip(before, after))
+    same_problems(before, after)
     lines = ["# Answers before and after training", "",
              f"Greedy decoding on {len(pairs)} test problems: {sum(b['correct'] for b, _ in pairs)} correct before, "
              f"{sum(a['correct'] for _, a in pairs)} after.", ""]
 
     def cell(r: dict) -> str:
-        text = (r["completion"] or "").strip().replace("|", "\\|").replace("\n", "<br>")[:1500]
-        return f"{text} (extracted {r['extracted']}, {'right' if r['correct'] else 'wrong'})"
+        text = (r["completion"] or "").strip()
+        if len(text) > 1500:        # the answer is at the end: keep both ends
+            text = f"{literal(text[:500])} *(… {len(text) - 1300} characters left out …)* {literal(text[-800:])}"
+        else:
+            text = literal(text)
+        return f"{text} (extracted {show_number(r['extracted'])}, {'right' if r['correct'] else 'wrong'})"
 
     for title, keep in (("Wrong before, right after", lambda b, a: a["correct"] and not b["correct"]),
                         ("Right before, wrong after", lambda b, a: b["correct"] and not a["correct"]),
@@ -1558,7 +1791,8 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
         chosen = [(b, a) for b, a in pairs if keep(b, a)]
         lines += [f"## {title} ({len(chosen)})", ""]
         for b, a in chosen[:limit]:
-            lines += [f"**Question:** {b['question']}  ", f"**Gold:** {b['gold']}", "", "| before | after |",
+            lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
+                      "| before | after |",
                       "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
     path = run_dir / "before_after.md"
     replace_file(path, lambda tmp: tmp.write_text("\n".join(lines)))
@@ -1669,8 +1903,12 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         return {device: g.get_state() for device, g in self.generators.items()}
 
     def load_rounding_state(self, states: dict) -> None:
+        """The saved noise of each device the weights are on; another device's (a CUDA run resumed on a CPU, whose
+        torch may have no CUDA at all) cannot continue here, and the rounding starts a fresh stream."""
+        here = {str(p.device) for group in self.param_groups for p in group["params"]}
         for device, state in states.items():
-            self.generator(torch.device(device)).set_state(state)
+            if device in here:
+                self.generator(torch.device(device)).set_state(state)
 
 
 def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -1689,6 +1927,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 def optimizer_step(model, optimizer) -> None:
     """optimizer.step(), where running out of memory is final: a smaller micro-batch changes nothing the step
     holds, and a retried step would update the moments and weights it had already updated a second time."""
+    optimizer.updates_begun = getattr(optimizer, "updates_begun", 0) + 1     # a failure from here: weights mid-update
     try:
         optimizer.step()
     except RuntimeError as e:
@@ -1815,6 +2054,44 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
     return hidden[segment[:, None], source]                                  # [rows, length, hidden]
 
 
+def check_logits_are_scored(model, path: str) -> None:
+    """UserError, before any work, unless the model's logits are hidden @ lm_head.weight.T, all that the log-prob path
+    computes: with a soft-cap (Gemma 2), an LM-head bias (Phi) or another final transform, the loss would score a
+    distribution other than the one sampled. Known ones are named; a probe on 8 tokens catches the rest."""
+    config, head = model.config, model.get_output_embeddings()
+    found = [f"{name} {getattr(config, name)}" for name in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+             if getattr(config, name, None) not in (None, 0, 1, 1.0)]
+    found += ["an LM-head bias"] if getattr(head, "bias", None) is not None else []
+    if not found:
+        ids = torch.arange(1, 9, device=head.weight.device)[None] % head.weight.shape[0]
+        with inference_mode(model):
+            expected = model(input_ids=ids).logits.float()                                  # [1, 8, vocab]
+            ours = (model.base_model(input_ids=ids).last_hidden_state @ head.weight.t()).float()
+        tolerance = (1e-4 if head.weight.dtype == torch.float32 else 2e-2) * max(1.0, expected.abs().max().item())
+        found += ["a transform of the final logits"] if (expected - ours).abs().max() > tolerance else []
+    if found:
+        raise UserError(f"{path}: its logits are not hidden states @ LM-head weight ({', '.join(found)}), the only "
+                        f"form this script scores: sampling and the loss would use different distributions")
+
+
+def with_lora(model, cfg: Config, checkpoint: Path | None):
+    """The model with peft's LoRA adapters in its linear layers (only they train), new or a checkpoint's. Training
+    runs the model itself, whose layers peft changed in place; peft's wrapper is kept beside it to save them."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
+    with warnings.catch_warnings():      # peft reads transformers' deprecated is_gradient_checkpointing: not ours
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        try:
+            wrapper = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True) if checkpoint else \
+                get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                                 target_modules=targets, task_type="CAUSAL_LM"))
+        except ValueError as e:           # peft's word for target layers the model does not have
+            raise UserError(f"--lora-targets {cfg.lora_targets}: {first_line(e)}") from None
+    model = wrapper.get_base_model()
+    model.__dict__["peft_model"] = wrapper      # a plain attribute: not a submodule, so state_dict() stays the model's
+    return model
+
+
 # ----- Several processes: torchrun runs one copy per device; each helper is a no-op in a single process -----
 
 def world() -> tuple[int, int]:
@@ -1918,8 +2195,11 @@ def load_split(dataset: str, split: str):
                         f"https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
     try:
         if looks_local:   # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
+            # The hub's README.md declares the config 'main'; without it (hf download --include "main/*"), or for
+            # plain train/test files, datasets infers the splits from the file names under its 'default' config.
+            name = "main" if "main" in datasets.get_dataset_config_names(str(local)) else None
             with tempfile.TemporaryDirectory() as cache:
-                rows = datasets.load_dataset(str(local), "main", split=split, cache_dir=cache, keep_in_memory=True)
+                rows = datasets.load_dataset(str(local), name, split=split, cache_dir=cache, keep_in_memory=True)
         else:
             rows = datasets.load_dataset(dataset, "main", split=split)
     except Exception as e:  # datasets raises many types for a bad slice, config or path
@@ -1935,11 +2215,12 @@ def load_split(dataset: str, split: str):
 
 
 def enough_rows(rows, split: str, dataset: str = ""):
-    """`rows`, unless the split asked for [:N] and fewer came (datasets clamps a slice silently)."""
-    asked = re.fullmatch(r"(\w+)\[:(\d+)\]", split)
-    if asked and len(rows) < int(asked.group(2)):
+    """`rows`, unless the split asked for [A:B] and fewer came (datasets clamps a slice silently)."""
+    asked = re.fullmatch(r"(\w+)\[(\d*):(\d+)\]", split)
+    if asked and len(rows) < int(asked.group(3)) - int(asked.group(2) or 0):
         what = f"{asked.group(1)} problems in {dataset}" if dataset else f"generated {asked.group(1)} problems"
-        raise UserError(f"there are only {len(rows)} {what} (lower --train-size / --eval-size)")
+        raise UserError(f"there are only {len(rows)} {what} in {split} (lower --train-size, --eval-size or "
+                        f"--val-size)")
     return rows
 
 
@@ -1953,9 +2234,14 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
                             f"is it data for --task {task.name}?")
     questions = [task.question(row) for row in rows]
     not_text = [i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()]
+    if len(not_text) > 0.01 * len(questions):     # a few are dropped with a warning, as a few bad golds are
+        raise UserError(f"{where}: {len(not_text)} of {len(questions)} questions are not text (first at row "
+                        f"{not_text[0]})")
     if not_text:
-        raise UserError(f"{where}: {len(not_text)} questions are not text (first at row {not_text[0]})")
-    golds = [task.gold(row) for row in rows]
+        print(f"warning: {where}: dropped {len(not_text)} of {len(questions)} problems whose question is empty or "
+              f"not text", file=sys.stderr)
+    skip = set(not_text)
+    golds = [task.gold(row) if i not in skip else 0 for i, row in enumerate(rows)]
     unparsed = [i for i, g in enumerate(golds) if g is None]
     if len(unparsed) > 0.01 * len(golds):       # a few broken rows are dropped with a warning; more: wrong data
         raise UserError(f"{where}: {len(unparsed)} of {len(golds)} gold answers give no number (first at row "
@@ -1964,7 +2250,7 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
     if unparsed:
         print(f"warning: {where}: dropped {len(unparsed)} of {len(golds)} problems whose gold answer gives no "
               f"number", file=sys.stderr)
-    keep = [i for i, g in enumerate(golds) if g is not None]
+    keep = [i for i, g in enumerate(golds) if g is not None and i not in skip]
     return [questions[i] for i in keep], [golds[i] for i in keep]
 
 
@@ -2110,10 +2396,11 @@ def generated_or_loaded(make: Callable[[str, int], list[dict]]):
     def load(dataset: str, split: str):
         if dataset:
             return load_split(dataset, split)
-        match = re.fullmatch(r"(\w+)(?:\[:(\d+)\])?", split)
+        match = re.fullmatch(r"(\w+)(?:\[(\d*):(\d*)\])?", split)
         if not match:
-            raise UserError(f"generated problems take a split like 'train' or 'test[:100]', not {split!r}")
-        return enough_rows(make(match.group(1), int(match.group(2) or 0)), split)
+            raise UserError(f"generated problems take a split like 'train', 'test[:100]' or 'train[50:]', not {split!r}")
+        start, end = int(match.group(2) or 0), int(match.group(3) or 0)
+        return enough_rows(make(match.group(1), end)[start:], split)
     return load
 
 
@@ -2268,8 +2555,9 @@ def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
                             "again to start it over") from None
         if world()[1] > 1:
             dist.barrier()
-        summary = run_phases(dataclasses.replace(cfg, model_path=str(run_dir / "demo_model"),
-                                                 dataset=str(run_dir / "demo_data")), run_dir, resume=False)
+        summary = run_phases(dataclasses.replace(cfg, model_path=absolute_if_local(str(run_dir / "demo_model")),
+                                                 dataset=absolute_if_local(str(run_dir / "demo_data"))),
+                             run_dir, resume=False)
         summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
         write_json(run_dir / "summary.json", summary)
     print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "

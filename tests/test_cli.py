@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import grpo_homework as gh
-from conftest import ROOT
+from conftest import OUR_DEPRECATIONS, PROBLEMS, ROOT
 
 SCRIPT = str(ROOT / "grpo_homework.py")
 PROGRESS = ["Loading tokenizer and model...", "Loading dataset...", "Setting up optimizer...",
@@ -25,7 +25,7 @@ def tiny_args(model_dir, gsm8k_dir, out, *extra):
 
 
 def run_cli(args, **kwargs):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS}
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300,
                           **kwargs)
 
@@ -140,6 +140,8 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
     from safetensors.torch import load_file
     a, b = load_file(whole / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start = load_file(warm_model_dir / "model.safetensors")
+    assert any(not torch.equal(a[k], start[k]) for k in a), "the steps must move the weights, or nothing is tested"
     metrics = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     record = json.loads((split / "config.json").read_text())        # the starting command stays, resumes follow it
@@ -162,7 +164,7 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
 def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, tmp_path):
     """In the GPU job's precision, where the optimizer's fp32 state must survive the checkpoint."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS}
     proc = subprocess.Popen([sys.executable, SCRIPT, *tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "500",
                                                                  "--num-epochs", "200", *GPU_PRECISION)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -277,3 +279,67 @@ def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer,
     cfg = gh.Config(eval_batch_size=8, max_new_tokens=3)
     scores, records = gh.evaluate(model, tok, dataset, cfg, torch.device("cpu"))
     assert len(records) == 8 and cfg.eval_batch_size == 2
+
+
+# ----- signal per step and the validation split (#44) -----
+
+def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_updates_on_those(
+        model_dir, gsm8k_dir, tmp_path, monkeypatch):
+    """A reward with spread only on even golds: each step draws batches until it holds 2 such groups (or its 3
+    further draws run out), updates on exactly those, and records what it drew; the data position follows."""
+    def reward(completions, golds, **kwargs):
+        return torch.tensor([float(g % 2 == 0 and i % 4 == 0) for i, g in enumerate(golds)])
+    updated = []
+    real_update = gh.grpo_update
+    monkeypatch.setattr(gh, "compute_reward", reward)
+    monkeypatch.setattr(gh, "grpo_update", lambda model, opt, rollout, *a, **k: updated.append(
+        rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_update(model, opt, rollout, *a, **k))
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--batch-size", "1", "--max-steps", "3",
+                             "--min-signal-groups", "2", "--max-draws", "3")) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    golds = [g for g in (7, 60, 12, 2000, 42, 5, 6, 150)]
+    sampler = torch.utils.data.DistributedSampler(range(8), 1, 0, seed=0, drop_last=True)
+    sampler.set_epoch(0)
+    order, position = [golds[i] for i in sampler], 0
+    for m, kept in zip(metrics, updated):
+        drawn = []
+        while len(drawn) < 4 and sum(g % 2 == 0 for g in drawn) < 2:
+            drawn.append(order[position])
+            position += 1
+        assert m["prompts_drawn"] == len(drawn) and m["batch_in_epoch"] == position
+        assert m["signal_groups"] == min(2, sum(g % 2 == 0 for g in drawn))
+        assert kept == [1.0] * m["signal_groups"] + [0.0] * (min(2, len(drawn)) - m["signal_groups"])
+        assert m["samples"] == 4 * len(drawn) and m["no_signal"] == (m["signal_groups"] == 0)
+    assert [m["prompts_drawn"] for m in metrics] == [3, 2, 3] and len(updated) == 3    # draws happened
+
+
+def test_validation_problems_are_the_first_of_the_train_split_and_never_trained_on(model_dir, gsm8k_dir, tmp_path,
+                                                                                   monkeypatch):
+    prompts_trained = []
+    real = gh.generate_completions
+
+    def generate(model, tok, input_ids, *args, **kwargs):
+        if (args[2] if len(args) > 2 else kwargs["temperature"]) > 0:
+            prompts_trained.extend(tok.batch_decode(input_ids, skip_special_tokens=True))
+        return real(model, tok, input_ids, *args, **kwargs)
+    monkeypatch.setattr(gh, "generate_completions", generate)
+    out = tmp_path / "run"
+    args = tiny_args(model_dir, gsm8k_dir, out, "--val-size", "3", "--eval-split", "validation", "--eval-size", "3",
+                     "--max-steps", "2", "--train-size", "0")
+    assert gh.main(args) == 0
+    validation = [json.loads(line)["question"] for line in (out / "eval_before.jsonl").read_text().splitlines()]
+    assert validation == [p["question"] for p in PROBLEMS[:3]]
+    assert len(prompts_trained) == 2 * 2 and not any(q in p for q in validation for p in prompts_trained)
+    assert all(any(p["question"] in t for p in PROBLEMS[3:]) for t in prompts_trained)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--eval-split", "validation"], "--eval-split validation scores the --val-size held-out problems"),
+    (["--eval-split", "validation", "--val-size", "2", "--eval-size", "3"], "at least --eval-size"),
+    (["--min-signal-groups", "-1"], "--min-signal-groups must not be negative"),
+    (["--val-size", "7", "--train-size", "2"], "there are only 1 train problems")])
+def test_validation_and_signal_flags_that_cannot_work_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flags,
+                                                                   message):
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", *flags)) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "run").exists()

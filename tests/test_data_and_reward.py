@@ -2,6 +2,7 @@
 and real completions of a Qwen2.5 model."""
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -266,8 +267,9 @@ def test_generated_word_problem_tasks_hold_out_a_fixed_test_set():
         assert (len(test), len(train)) == (200, 2000) and load("", "test[:50]") == test[:50]
         assert not {p["question"] for p in test} & {p["question"] for p in train}
         assert load("", "test") == test                       # the same problems for every run and seed
+    assert gh.TASKS["arithmetic"].load("", "train[10:]") == gh.TASKS["arithmetic"].load("", "train")[10:]
     with pytest.raises(gh.UserError, match="split like"):
-        gh.TASKS["arithmetic"].load("", "train[10:]")
+        gh.TASKS["arithmetic"].load("", "train[-10:]")
 
 
 def test_the_demo_draws_the_same_problems_as_before_word_problems_took_two_steps():
@@ -277,10 +279,11 @@ def test_the_demo_draws_the_same_problems_as_before_word_problems_took_two_steps
         {"question": "Gus has 8 coins and gets 15 more. How many now?", "answer": "8 + 15 = 23\n#### 23"}]
 
 
-@pytest.mark.parametrize("argv, dataset", [([], "./gsm8k"), (["--task", "arithmetic"], ""),
+@pytest.mark.parametrize("argv, dataset", [([], os.path.abspath("gsm8k")), (["--task", "arithmetic"], ""),
                                            (["--task", "countdown"], ""),
                                            (["--task", "two-step", "--dataset", "d"], "d")])
 def test_generated_tasks_do_not_read_gsm8k_unless_told(argv, dataset):
+    """A local folder is kept absolute (a resume may start elsewhere); 'd', no folder here, is a hub id."""
     cfg, _ = gh.parse_config(["model", *argv])
     assert cfg.dataset == dataset
 

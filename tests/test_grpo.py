@@ -1,5 +1,6 @@
 """Part 3 (advantages, losses, KL) and Part 4 (generation, log-probs, update, optimizer): hand-computed values,
 slow per-row reference loops, and the failure modes public GRPO code is known for."""
+import copy
 import dataclasses
 import math
 
@@ -374,10 +375,14 @@ def test_generation_uses_the_kv_cache_even_with_gradient_checkpointing(model_and
 # ----- update -----
 
 def _rollout(model, tok, cfg, seed=0):
+    return _rollout_of(model, tok, cfg, ["Q: 1?", "Q: a longer one?", "Q: third"], seed)
+
+
+def _rollout_of(model, tok, cfg, questions, seed=0):
     torch.manual_seed(seed)
     batch = gh.collate_prompts([{"input_ids": torch.tensor(tok(q)["input_ids"]), "attention_mask":
                                  torch.ones(len(tok(q)["input_ids"]), dtype=torch.long), "prompt": q, "question": q,
-                                 "answer": 1.0} for q in ["Q: 1?", "Q: a longer one?", "Q: third"]], tok)
+                                 "answer": 1.0} for q in questions], tok)
     sample = gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], cfg.max_new_tokens,
                                      cfg.temperature, cfg.group_size, batch_size=cfg.generation_batch_size)
     rewards = gh.compute_reward(sample["completions"], [1.0] * len(sample["completions"]))
@@ -423,7 +428,8 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
     rows_seen, real_logprobs = [], gh.compute_logprobs_from_model
 
     def counting(model, input_ids, *args, **kwargs):
-        rows_seen.append(input_ids.shape[0])
+        if torch.is_grad_enabled():                      # the update's passes, not policy_kl's measuring one
+            rows_seen.append(input_ids.shape[0])
         return real_logprobs(model, input_ids, *args, **kwargs)
     gh.compute_logprobs_from_model = counting
     try:
@@ -436,42 +442,75 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
         p.data.copy_(s)
 
 
-def test_a_step_without_signal_runs_no_pass_and_still_takes_the_optimizer_step(model_and_tokenizer):
-    """No group with reward spread: no forward or backward at all, and the weights end exactly where the full
-    passes (an exactly-zero gradient) and AdamW's momentum step would have put them."""
+def test_a_step_without_signal_runs_no_pass_and_moves_neither_weights_nor_optimizer_state(model_and_tokenizer):
+    """No group with reward spread: no forward or backward, and no optimizer step (AdamW would replay its momentum
+    into the weights); the stats say the step was skipped for that."""
     model, tok = model_and_tokenizer
     cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
     signal = _rollout(model, tok, cfg)
     silent = _rollout(model, tok, cfg, seed=1)
     silent.advantages.zero_()
-    start = [p.detach().clone() for p in model.parameters()]
-
-    def reset_and_build():
-        for p, s in zip(model.parameters(), start):
-            p.data.copy_(s)
-        optimizer = gh.build_optimizer(model.parameters(), lr=1e-2)
-        gh.grpo_update(model, optimizer, signal, cfg)              # momentum now non-zero
-        return optimizer
-
-    optimizer = reset_and_build()                                  # reference: the passes run over every row
-    lp = gh.compute_logprobs_from_model(model, silent.output_ids, silent.attention_mask,
-                                        prompt_length=silent.prompt_length)
-    gh.compute_policy_loss(lp, lp.detach(), silent.advantages, silent.loss_mask).backward()
-    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
-    torch.nn.utils.clip_grad_norm_(list(model.parameters()), cfg.max_grad_norm)
-    optimizer.step()
-    expected = [p.detach().clone() for p in model.parameters()]
-
-    optimizer = reset_and_build()
+    optimizer = gh.build_optimizer(model.parameters(), lr=1e-2)
+    gh.grpo_update(model, optimizer, signal, cfg)                  # momentum now non-zero
+    weights, state = [p.detach().clone() for p in model.parameters()], copy.deepcopy(optimizer.state_dict())
     rows_seen = []
     hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
                                                  with_kwargs=True)
     stats = gh.grpo_update(model, optimizer, silent, cfg)
     hook.remove()
-    assert rows_seen == [] and stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
-    assert stats["entropy"] is None                                # not measured: logged as absent, not as 0
-    assert any(not torch.equal(p, s) for p, s in zip(model.parameters(), start))
-    assert all(torch.equal(p, e) for p, e in zip(model.parameters(), expected))
+    assert rows_seen == [] and stats["no_signal"] and stats["skipped"] == 1 and stats["grad_norm"] == 0.0
+    assert stats["entropy"] is None and stats["policy_kl"] == 0.0   # not measured: logged as absent, not as 0
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    after = optimizer.state_dict()["state"]
+    assert all(torch.equal(torch.as_tensor(after[i][k]), torch.as_tensor(v)) for i in state["state"]
+               for k, v in state["state"][i].items())
+
+
+def test_policy_kl_is_the_kl_from_the_policy_before_the_step_to_after_on_the_first_micro_batch(model_and_tokenizer):
+    """With one PPO epoch the ratio is 1, so clipfrac and approx_kl are 0 by construction; policy_kl is not."""
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
+    rollout = _rollout(model, tok, cfg)                            # random advantages: every row has signal
+    rows = slice(0, 5)
+    logprobs = lambda: gh.compute_logprobs_from_model(model, rollout.output_ids[rows], rollout.attention_mask[rows],
+                                                      prompt_length=rollout.prompt_length).detach()
+    assert gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, cfg)["policy_kl"] < 1e-7
+    before = logprobs()
+    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
+    expected = gh.masked_token_mean(gh.kl_k3(before, logprobs()), rollout.loss_mask[rows]).item()
+    assert stats["approx_kl"] == 0.0 and stats["policy_kl"] > 1e-4
+    assert stats["policy_kl"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_merged_rollouts_of_prompts_of_different_lengths_score_as_the_originals(model_and_tokenizer):
+    """--min-signal-groups joins batches whose prompts differ in length: re-padding must not change a log-prob."""
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=2, max_new_tokens=5)
+    short, long = (_rollout_of(model, tok, cfg, questions, seed) for questions, seed in
+                   ((["Q: 1?"], 0), (["Q: a much longer question?", "Q: x"], 1)))
+    merged = gh.merge_rollouts([short, long], tok.pad_token_id)
+    assert merged.prompt_length == long.prompt_length and merged.completions == short.completions + long.completions
+    score = lambda r: gh.compute_logprobs_from_model(model, r.output_ids, r.attention_mask,
+                                                     prompt_length=r.prompt_length)
+    ours, parts = score(merged), [score(short), score(long)]
+    for i, (part, row) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3)]):
+        original = [short, long][part]
+        mask = original.loss_mask[row, original.prompt_length:]
+        got = ours[i, merged.prompt_length:][: len(mask)][mask]
+        torch.testing.assert_close(got, parts[part][row, original.prompt_length:][mask], rtol=1e-5, atol=1e-5)
+        assert merged.loss_mask[i].sum() == original.loss_mask[row].sum()
+    assert torch.equal(merged.rewards, torch.cat([short.rewards, long.rewards]))
+
+
+def test_groups_with_signal_keeps_groups_whose_rewards_differ_first_then_makes_up_the_count():
+    rewards = torch.tensor([1., 1, 0, 1, 0, 0, 1, 0])             # groups of 2: [1 1] [0 1] [0 0] [1 0]
+    rollout = gh.Rollout(torch.arange(16).view(8, 2), torch.ones(8, 2), torch.ones(8, 2, dtype=torch.bool), 1,
+                         list("abcdefgh"), rewards, rewards - 0.5, torch.zeros(8, dtype=torch.bool), torch.ones(8))
+    cfg = gh.Config(group_size=2, min_signal_groups=2)
+    assert gh.groups_with_signal(rollout, cfg).completions == list("cdgh")
+    assert gh.groups_with_signal(rollout, dataclasses.replace(cfg, min_signal_groups=3)).completions == \
+        list("abcdgh")                                              # too few with spread: the first without
+    assert gh.spread(rollout, 2).tolist() == [False, True, False, True]
 
 
 def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epochs(model_and_tokenizer):
@@ -501,7 +540,7 @@ def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_token
     rollout.loss_mask[:] = False                          # as if every completion had been cut and masked
     before = [p.detach().clone() for p in model.parameters()]
     stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
-    assert stats["loss"] == 0.0 and stats["clipfrac"] == 0.0 and stats["skipped"] == 0
+    assert stats["loss"] == 0.0 and stats["no_signal"] and stats["skipped"] == 1      # no token, so no step
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
@@ -519,7 +558,8 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
         for p, s in zip(model.parameters(), start):
             p.data.copy_(s)
         rows_seen, scorer = [], gh.PolicyLogprobs(model)
-        scorer.register_forward_pre_hook(lambda module, args: rows_seen.append(args[0].shape[0]))
+        scorer.register_forward_pre_hook(lambda module, args: rows_seen.append(args[0].shape[0])
+                                         if torch.is_grad_enabled() else None)   # not policy_kl's measuring pass
         gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg, scorer=scorer)
         return sum(rows_seen), [p.detach().clone() for p in model.parameters()]
 

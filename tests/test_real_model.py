@@ -51,10 +51,9 @@ def test_the_prompt_carries_our_instruction_instead_of_smollms_default(smollm2):
     assert prompt.count("<|im_start|>") == 3
 
 
-def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2, monkeypatch):
-    """What generate sampled from (its processed scores: logits / T, nothing else) is what the loss scores,
-    with each prompt computed once for its group and, the old way, once per row."""
-    model, tokenizer = smollm2
+def sampled_and_scored(model, tokenizer, monkeypatch, packed):
+    """Sample 2 x 2 completions at T 0.7, score them, and check the scorer's log-probs against the sampler's;
+    return (sequences, full mask, prompt length, the scorer's log-probs, the valid positions)."""
     batch = chat_batch(tokenizer)
     assert (batch["attention_mask"][:, 0] == 0).any(), "one prompt must be left-padded"
     temperature, new, samples = 0.7, 12, 2
@@ -71,7 +70,6 @@ def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(sm
     sampler = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)   # [rows, new, vocab]
     sampler = sampler.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
     full_mask = torch.cat([mask, torch.ones_like(sampled)], 1)
-    packed = []
     monkeypatch.setattr(gh, "shared_prompt_hidden", lambda *a: packed.append(a[1].shape) or real_shared(*a))
     with torch.no_grad():
         scored = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
@@ -83,12 +81,39 @@ def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(sm
     assert valid.sum() >= 20
     torch.testing.assert_close(scored[valid], sampler[valid], rtol=0, atol=2e-4)
     assert packed == [out.sequences.shape]               # both groups in one call, each prompt once
+    return out.sequences, full_mask, prompt_length, scored, valid
+
+
+def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2, monkeypatch):
+    """What generate sampled from (its processed scores: logits / T, nothing else) is what the loss scores,
+    with each prompt computed once for its group and, the old way, once per row."""
+    model, tokenizer = smollm2
+    packed, temperature = [], 0.7
+    sequences, full_mask, prompt_length, scored, valid = sampled_and_scored(model, tokenizer, monkeypatch, packed)
     monkeypatch.setattr(gh, "prompt_segments", lambda ids, mask, start: torch.arange(ids.shape[0]))
     with torch.no_grad():
-        per_row = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
+        per_row = gh.compute_logprobs_from_model(model, sequences, full_mask, temperature=temperature,
                                                  prompt_length=prompt_length)[:, prompt_length:]
     assert len(packed) == 1                              # the per-row path really ran
     torch.testing.assert_close(per_row[valid], scored[valid], rtol=0, atol=5e-5)
+
+
+def test_under_lora_the_scorer_still_scores_what_the_sampler_sampled(smollm2, monkeypatch):
+    """peft's adapters sit in the body's linear layers, which generate and the scorer both run."""
+    pytest.importorskip("peft")
+    _, tokenizer = smollm2
+    model = gh.load_model_and_tokenizer(str(SMOLLM2), torch.device("cpu"), "float32")[0]
+    model = gh.with_lora(model, gh.Config(lora_rank=8, lora_alpha=16), None)
+    torch.manual_seed(2)
+    with torch.no_grad():                                # adapters that move the distribution (B starts at 0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    base = gh.load_model_and_tokenizer(str(SMOLLM2), torch.device("cpu"), "float32")[0]
+    ids = chat_batch(tokenizer)["input_ids"][:1]
+    with torch.no_grad():
+        assert (model(ids).logits - base(ids).logits).abs().max() > 0.1, "the adapters must change the logits"
+    sampled_and_scored(model, tokenizer, monkeypatch, [])
 
 
 real_shared = gh.shared_prompt_hidden

@@ -1,5 +1,6 @@
 """A run never loses work, never touches what it does not own, never unpickles, and refuses values that would
 train wrong. One test per defect of the run-safety issue; interrupts are real SIGINTs to real CLI processes."""
+import copy
 import json
 import math
 import os
@@ -12,9 +13,10 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import grpo_homework as gh
-from conftest import PROBLEMS, ROOT
+from conftest import OUR_DEPRECATIONS, PROBLEMS, ROOT, SHARED_GSM8K
 from test_cli import SCRIPT, run_cli, tiny_args
 
 
@@ -57,7 +59,7 @@ def no_process_outlives_its_test():
 
 
 def start_cli(args):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS}
     STARTED.append(subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env=env))
     return STARTED[-1]
@@ -705,3 +707,260 @@ def test_the_format_bonus_needs_a_number_on_the_answer_line():
     rewards = gh.compute_reward(["#### " + "9" * 100_000, "#### 3/4", "#### 7"], [1.0, 1.0, 7.0], format_reward=0.1)
     assert rewards.tolist() == pytest.approx([0.0, 0.0, 1.1])
     assert math.isclose(gh.GSM8KDataset.extract_answer("x\n#### 2,000"), 2000.0)
+
+
+# ----- round 3 (#48): what users do to a run -----
+
+def hub_folder_without_readme(path, splits):
+    """What `hf download openai/gsm8k --include "main/*"` leaves: main/*.parquet and no README.md."""
+    gh.write_hub_dataset(path, splits)
+    (path / "README.md").unlink()
+    return path
+
+
+def test_a_hub_layout_without_its_readme_and_plain_split_files_load(tmp_path, tokenizer):
+    bare = hub_folder_without_readme(tmp_path / "bare", {"train": PROBLEMS, "test": PROBLEMS[:4]})
+    assert gh.GSM8KDataset("test[:2]", tokenizer, dataset_path=str(bare)).answers == [7.0, 60.0]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    from datasets import Dataset
+    Dataset.from_list(PROBLEMS).to_json(str(plain / "train.jsonl"))
+    Dataset.from_list(PROBLEMS[4:]).to_json(str(plain / "test.jsonl"))
+    assert gh.GSM8KDataset("test", tokenizer, dataset_path=str(plain)).answers == [42.0, 5.0, 6.0, 150.0]
+    assert len(gh.GSM8KDataset("train", tokenizer, dataset_path=str(plain))) == 8
+
+
+@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason="needs GSM8K in ../shared/gsm8k")
+def test_real_gsm8k_as_the_readme_download_leaves_it_loads(tmp_path):
+    bare = tmp_path / "gsm8k"
+    shutil.copytree(SHARED_GSM8K / "main", bare / "main")        # exactly main/{train,test}-00000-of-00001.parquet
+    test = gh.GSM8KDataset("test", None, dataset_path=str(bare))
+    assert len(test) == 1319 and test.answers[0] == 18.0 and test.questions[0].startswith("Janet")
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_after_the_step_checkpoint_and_resume_keeps_every_row(model_dir, gsm8k_dir, tmp_path,
+                                                                                      name):
+    out = tmp_path / "run"
+    proc = start_cli(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "500", "--num-epochs", "200"))
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
+        time.sleep(0.2)
+    proc.send_signal(getattr(signal, name))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert f"{name}: stopping after this step" in err
+    assert err.strip().splitlines()[-1] == f"error: interrupted during training; resume with: python " \
+                                           f"grpo_homework.py --resume {out}"
+    steps = len((out / "metrics.jsonl").read_text().splitlines())
+    assert (out / "checkpoints" / f"step-{steps}" / "trainer_state.safetensors").exists()
+    resumed = run_cli(["--resume", str(out), "--max-steps", str(steps + 1)])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == \
+        list(range(1, steps + 2))
+
+
+def failing_call(monkeypatch, name, on_call, error, when=lambda *a, **k: True):
+    """Make gh.<name> raise `error` on its `on_call`-th call that `when` selects."""
+    real, calls = getattr(gh, name), []
+
+    def wrapped(*args, **kwargs):
+        if when(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == on_call:
+                raise error
+        return real(*args, **kwargs)
+    monkeypatch.setattr(gh, name, wrapped)
+
+
+def final_weights(run_dir):
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def varied(completions, golds, **kwargs):
+    """A reward that varies with the text: a random model's groups then have spread, so the weights move."""
+    return torch.tensor([float(sum(map(ord, c)) % 2) for c in completions])
+
+
+def test_a_failure_mid_step_checkpoints_the_last_step_and_resume_ends_bit_identical(model_dir, gsm8k_dir, tmp_path,
+                                                                                    capsys, monkeypatch):
+    monkeypatch.setattr(gh, "compute_reward", varied)
+    whole, failed = tmp_path / "whole", tmp_path / "failed"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "4")) == 0
+    sampling = lambda *args, **kwargs: (args[5] if len(args) > 5 else kwargs["temperature"]) > 0   # not greedy eval
+    with monkeypatch.context() as patch:
+        failing_call(patch, "generate_completions", 3, RuntimeError("CUDA error: an illegal memory access"), sampling)
+        code, err = main_err(tiny_args(model_dir, gsm8k_dir, failed, "--max-steps", "4"), capsys)
+    assert code == 2 and err.startswith("error: failed (CUDA error: an illegal memory access) during training; "
+                                        "resume with: python") and err.endswith(f" --resume {failed}"), err
+    assert [p.name for p in (failed / "checkpoints").iterdir()] == ["step-2"]       # --save-every was 0
+    assert gh.main(["--resume", str(failed)]) == 0
+    a, b = final_weights(whole), final_weights(failed)
+    assert all(torch.equal(a[k], b[k]) for k in a)                 # the random streams as step 2 left them
+    start = load_file(model_dir / "model.safetensors")
+    assert any(not torch.equal(a[k], start[k]) for k in a)         # and the steps did move the weights
+
+
+def test_a_failure_inside_the_optimizer_update_writes_no_checkpoint(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setattr(gh, "compute_reward", varied)
+    out = tmp_path / "run"
+    real_step = gh.AdamWStochasticRounding.step
+
+    def step(self, *args):
+        real_step(self, *args)
+        if self.state_dict()["state"][0]["step"] == 2:       # the weights are half-updated: nothing safe to save
+            raise RuntimeError("device-side assert triggered")
+    monkeypatch.setattr(gh.AdamWStochasticRounding, "step", step)
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "4"), capsys)
+    assert code == 2 and "device-side assert" in err and not (out / "checkpoints").exists()
+
+
+def run_in(folder, args, monkeypatch):
+    monkeypatch.chdir(folder)
+    return gh.main([str(a) for a in args])
+
+
+def test_a_resume_refuses_data_or_a_model_that_changed_and_works_from_another_folder(model_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    gh.write_hub_dataset(work / "gsm8k", {"train": PROBLEMS, "test": PROBLEMS[:4]})
+    shutil.copytree(model_dir, work / "model")
+    args = lambda out, *extra: tiny_args("./model", "./gsm8k", out, "--save-every", "1", "--max-steps", "1", *extra)
+    assert run_in(work, args("run"), monkeypatch) == 0
+    record = json.loads((work / "run" / "config.json").read_text())
+    assert record["config"]["dataset"] == str(work / "gsm8k") and record["config"]["model_path"] == str(work / "model")
+    assert set(record["inputs"]) == {"train", "eval", "model"}
+    # the test rows reordered: before_after.md would pair one problem's answer with another's
+    gh.write_hub_dataset(work / "gsm8k", {"train": PROBLEMS, "test": PROBLEMS[:4][::-1]})
+    code, err = main_err(["--resume", work / "run", "--max-steps", "2"], capsys)
+    assert code == 2 and err == f"error: --resume {work / 'run'}: the evaluation problems of {work / 'gsm8k'} " \
+                                f"changed since the run began (their fingerprint differs): put them back as they " \
+                                f"were, or start a new run"
+    gh.write_hub_dataset(work / "gsm8k", {"train": PROBLEMS, "test": PROBLEMS[:4]})
+    assert run_in(elsewhere, ["--resume", work / "run", "--max-steps", "2"], monkeypatch) == 0   # paths are absolute
+    # a KL run reads the starting model again on resume: a replaced model folder is refused
+    assert run_in(work, args("kl", "--kl-coef", "0.1"), monkeypatch) == 0
+    model = gh.load_model_and_tokenizer(str(work / "model"), torch.device("cpu"), "float32")[0]
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    model.save_pretrained(work / "model")
+    code, err = main_err(["--resume", work / "kl", "--max-steps", "2"], capsys)
+    assert code == 2 and f"the model folder {work / 'model'} changed since the run began" in err
+    assert json.loads((work / "kl" / "summary.json").read_text())["steps"] == 1
+
+
+def test_before_after_never_pairs_records_of_different_problems(run_copy, capsys):
+    records = (run_copy / "eval_after.jsonl").read_text().splitlines()
+    (run_copy / "eval_after.jsonl").write_text("\n".join(records[::-1]) + "\n")
+    code, err = main_err(["--report", run_copy], capsys)
+    assert code == 2 and "holds other problems than the evaluation after training" in err
+
+
+def tiny_model(config_class, **extra):
+    import transformers
+    config = getattr(transformers, config_class)(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=1, num_attention_heads=2, **extra)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+class DoubledHead(torch.nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("config_class, extra, named", [
+    ("Gemma2Config", {"head_dim": 16, "num_key_value_heads": 1}, "final_logit_softcapping 30.0"),
+    ("PhiConfig", {}, "an LM-head bias"),
+    ("CohereConfig", {"logit_scale": 0.5}, "logit_scale 0.5"),
+    ("Qwen2Config", {"num_key_value_heads": 1}, "a transform of the final logits")])
+def test_models_whose_logits_the_scorer_cannot_reproduce_are_refused(config_class, extra, named):
+    model = tiny_model(config_class, **extra)
+    if named.startswith("a transform"):       # a transform no config names: the probe finds it
+        head = DoubledHead(32, 64, bias=False)
+        head.weight = model.lm_head.weight
+        model.lm_head = head
+    with pytest.raises(gh.UserError, match=f"its logits are not hidden states @ LM-head weight \\({named}\\)"):
+        gh.check_logits_are_scored(model, "m")
+    gh.check_logits_are_scored(tiny_model("Qwen2Config", num_key_value_heads=1), "m")      # plain: no error
+
+
+def test_a_model_with_an_lm_head_bias_is_refused_before_anything_is_written(tokenizer, gsm8k_dir, tmp_path, capsys):
+    tiny_model("PhiConfig").save_pretrained(tmp_path / "phi")
+    tokenizer.save_pretrained(tmp_path / "phi")
+    code, err = main_err(tiny_args(tmp_path / "phi", gsm8k_dir, tmp_path / "run"), capsys)
+    assert code == 2 and "(an LM-head bias)" in err and "nothing was kept" not in err and \
+        not (tmp_path / "run").exists(), err
+
+
+def test_a_checkpoint_from_a_gpu_resumes_on_a_cpu(run_copy, capsys):
+    """A CUDA run's random streams (cuda, the rounding noise of cuda:0) cannot continue on a CPU: they are left."""
+    from safetensors.torch import save_file
+    checkpoint = run_copy / "checkpoints" / "step-2"
+    state = gh.load_trainer_state(checkpoint)
+    for rng in state["rng"]:
+        rng["cuda"], rng["rounding"] = torch.zeros(16, dtype=torch.uint8), {"cuda:0": torch.zeros(16, dtype=torch.uint8)}
+    tensors = {}
+    (checkpoint / gh.TRAINER_STATE[0]).write_text(json.dumps(gh.to_plain(state, tensors)))
+    save_file(tensors, checkpoint / gh.TRAINER_STATE[1])
+    assert gh.main(["--resume", str(run_copy), "--max-steps", "3", "--device", "cpu"]) == 0, capsys.readouterr().err
+
+
+def test_a_failure_while_loading_a_resume_does_not_repeat_the_command(run_copy, capsys):
+    (run_copy / "checkpoints" / "step-2" / "model.safetensors").write_bytes(b"\0" * 64)
+    code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
+    assert code == 2 and "cannot load model" in err and "resume with" not in err
+
+
+def test_a_chat_template_without_a_system_role_gets_the_instruction_in_the_user_turn(tokenizer):
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role "
+                            "not supported') }}{% endif %}<u>{{ m['content'] }}</u>{% endfor %}")
+    assert gh.build_prompt("What is 2 + 3?", strict, "chat") == f"<u>{gh.GSM8K_INSTRUCTION}\n\nWhat is 2 + 3?</u>"
+
+
+def test_plain_prompts_keep_the_instruction_of_tasks_other_than_gsm8k():
+    assert gh.build_prompt("Q?") == "Question: Q?\nAnswer: Let's solve this step by step.\n"     # the template's
+    countdown = gh.build_prompt("Q?", None, "plain", gh.COUNTDOWN_INSTRUCTION)
+    assert countdown.startswith(gh.COUNTDOWN_INSTRUCTION) and "<answer>" in countdown and countdown.endswith(
+        "Question: Q?\nAnswer: Let's solve this step by step.\n")
+
+
+def test_a_few_empty_questions_are_dropped_like_bad_golds(capsys):
+    rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(199)] + [{"question": " ", "answer": "#### 1"}]
+    questions, golds = gh.checked_problems(rows, gh.TASKS["gsm8k"], "data")
+    assert len(questions) == 199 and "dropped 1 of 200 problems whose question is empty" in capsys.readouterr().err
+
+
+def test_before_after_shows_the_answer_end_escapes_markup_and_prints_whole_golds(tmp_path):
+    long = "step " * 400 + "so the answer is $<b>18</b>$ \\boxed{18}"
+    record = {"question": "Janet's *ducks* cost $2 | $3?", "gold": 18.0, "tokens": 9, "truncated": False,
+              "well_formed": True}
+    gh.write_jsonl(tmp_path / "eval_before.jsonl", [{**record, "completion": "no idea", "extracted": None,
+                                                      "correct": False}])
+    gh.write_jsonl(tmp_path / "eval_after.jsonl", [{**record, "completion": long, "extracted": 18.0, "correct": True}])
+    text = gh.write_before_after(tmp_path).read_text()
+    assert " *(… 739 characters left out …)* " in text and "\\\\boxed\\{18\\} (extracted 18, right)" in text
+    assert "\\<b\\>18\\<\\/b\\>" in text and "<b>" not in text and "Janet\\'s \\*ducks\\* cost \\$2 \\| \\$3\\?" in text
+    assert "**Gold:** 18\n" in text
+
+
+def test_report_on_a_run_stopped_in_its_first_evaluation_says_there_is_nothing_yet(run_copy, capsys):
+    for name in ("metrics.jsonl", "eval_after.jsonl", "eval_before.jsonl"):
+        (run_copy / name).unlink()
+    code, err = main_err(["--report", run_copy], capsys)
+    assert code == 2 and "nothing to draw yet" in err
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")      # the patched plot draws none
+def test_plots_of_one_step_show_markers_and_an_unmeasured_entropy_says_so(run_copy, monkeypatch):
+    import matplotlib.axes
+    drawn, texts = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, x, y, fmt, **k: drawn.append(fmt))
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, **k: texts.append(s))
+    row = json.loads((run_copy / "metrics.jsonl").read_text().splitlines()[0])
+    (run_copy / "metrics.jsonl").write_text(json.dumps({**row, "entropy": None}) + "\n")
+    gh.write_plots(run_copy)
+    assert drawn and all("." in fmt for fmt in drawn)
+    assert texts == ["not measured: no step ran an update pass\n(every group's rewards were equal)"]

@@ -51,8 +51,8 @@ def tiny_policy():
 def update_once(loss_agg: str, parallel: str, rows: slice | None = None, silent: bool = False) -> dict:
     """Weights after one step from the shared start, on all rows (one process) or on this rank's rows.
 
-    silent: no group has reward spread on any process, so no process runs a pass; AdamW (lr 0.1, weight decay
-    0.1) still steps on the zero gradient, which moves every weight by exactly its decay."""
+    silent: no group has reward spread on any process, so no process runs a pass or an optimizer step: AdamW (lr
+    0.1, weight decay 0.1), which would move every weight by its decay, leaves them all as they were."""
     tokenizer, model = tiny_policy()
     cfg = gh.Config(loss_agg=loss_agg, parallel=parallel, micro_batch_size=3, max_new_tokens=6, max_grad_norm=1e9)
     scorer = gh.wrap_for_processes(gh.PolicyLogprobs(model), cfg, torch.device("cpu"))

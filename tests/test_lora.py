@@ -1,0 +1,109 @@
+"""LoRA through peft (--lora-rank): checkpoints hold the adapters, final/ loads without peft, resume is bit-exact in
+the GPU job's precision, peft is imported only when asked for, and what cannot work is refused in one line."""
+import ast
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grpo_homework as gh
+from conftest import ROOT
+from test_cli import GPU_PRECISION, run_cli, tiny_args
+
+pytest.importorskip("peft")
+LORA = ["--lora-rank", "4", "--lora-alpha", "8"]
+
+
+def varied(completions, golds, **kwargs):
+    """A reward that varies with the text, so that every step has groups with spread and the adapters train."""
+    return torch.tensor([float(sum(map(ord, c)) % 2) for c in completions])
+
+
+@pytest.fixture(scope="module")
+def lora_run(warm_model_dir, addition_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gh, "compute_reward", varied)
+        assert gh.main(tiny_args(warm_model_dir, addition_dir, out, "--max-steps", "2", "--save-every", "1",
+                                 "--prompt-style", "plain", "--batch-size", "4", "--learning-rate", "1e-2",
+                                 *LORA)) == 0
+    return out
+
+
+def test_checkpoints_hold_the_adapters_and_their_optimizer_state_only(lora_run, warm_model_dir):
+    checkpoint = lora_run / "checkpoints" / "step-2"
+    assert (checkpoint / "adapter_model.safetensors").exists() and not (checkpoint / "model.safetensors").exists()
+    adapters = load_file(checkpoint / "adapter_model.safetensors")
+    assert adapters and all("lora_A" in k or "lora_B" in k for k in adapters)
+    assert not any("lm_head" in k or "embed" in k for k in adapters)             # all-linear: the body's layers
+    state = gh.load_trainer_state(checkpoint)
+    moments = [v["exp_avg"] for _, v in state["optimizer"]["state"].items()]
+    assert sorted(m.numel() for m in moments) == sorted(t.numel() for t in adapters.values())
+    full = sum(t.numel() for t in load_file(warm_model_dir / "model.safetensors").values())
+    assert sum(t.numel() for t in adapters.values()) < full / 10
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")    # peft's own, when it loads
+def test_final_loads_without_peft_as_the_base_with_the_adapters_merged_in(lora_run, warm_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    merged = AutoModelForCausalLM.from_pretrained(lora_run / "final")
+    assert type(merged).__name__ == "Qwen2ForCausalLM" and not any("lora" in k for k in merged.state_dict())
+    with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(warm_model_dir),
+                                             lora_run / "final" / "adapter")
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, with_adapter(ids).logits, rtol=1e-5, atol=1e-5)
+        base = AutoModelForCausalLM.from_pretrained(warm_model_dir)(ids).logits
+    assert not torch.allclose(merged(ids).logits, base, atol=1e-6), "the adapters trained"
+
+
+def test_a_lora_resume_ends_bit_identical_in_bf16_and_refuses_another_rank(warm_model_dir, addition_dir, tmp_path,
+                                                                           capsys, monkeypatch):
+    monkeypatch.setattr(gh, "compute_reward", varied)
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "1e-2",
+            *GPU_PRECISION, *LORA]
+    assert gh.main(tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", *args)) == 0
+    assert gh.main(tiny_args(warm_model_dir, addition_dir, split, "--max-steps", "2", "--save-every", "2",
+                             *args)) == 0
+    assert gh.main(["--resume", str(split), "--max-steps", "3", "--lora-rank", "8"]) == 2
+    assert "--resume cannot change --lora-rank" in capsys.readouterr().err
+    assert gh.main(["--resume", str(split), "--max-steps", "4"]) == 0
+    a, b = (load_file(run / "final" / "adapter" / "adapter_model.safetensors") for run in (whole, split))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(t.dtype == torch.float32 for t in a.values())       # fp32 adapters beside the bf16 weights
+    start = load_file(warm_model_dir / "model.safetensors")
+    assert any(not torch.equal(t, torch.zeros_like(t)) for k, t in a.items() if "lora_B" in k) and start
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lora-rank", "-1"], "--lora-rank must not be negative"),
+    (["--lora-rank", "4", "--lora-alpha", "0"], "--lora-alpha must be positive"),
+    (["--lora-rank", "4", "--parallel", "fsdp"], "--lora-rank with --parallel fsdp is not supported"),
+    (["--lora-rank", "4", "--lora-targets", "no_such_layer"], "no_such_layer")])
+def test_lora_flags_that_cannot_work_are_one_line(model_dir, gsm8k_dir, tmp_path, capsys, flags, message):
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", *flags)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_without_peft_lora_is_refused_naming_the_install(model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", *LORA)) == 2
+    assert "--lora-rank needs peft, which is not installed: pip install peft" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_peft_is_imported_only_inside_with_lora():
+    tree = ast.parse((ROOT / "grpo_homework.py").read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and "peft" in ast.unparse(node):
+            owner = node
+            while not isinstance(owner, ast.FunctionDef):
+                owner = parents[owner]
+            assert owner.name == "with_lora"
