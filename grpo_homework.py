@@ -87,15 +87,13 @@ def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
 class Config:
     model_path: str = _flag("", "model directory or hub id (Qwen2.5-1.5B-Instruct for the homework)")
     # data
-    task: str = _flag("gsm8k", "gsm8k; arithmetic or two-step (generated word problems, GSM8K's answer format); "
-                      "countdown (numbers game)", choices=["gsm8k", "arithmetic", "two-step", "countdown"])
+    task: str = _flag("gsm8k", "gsm8k; generated word problems (arithmetic, two-step) or numbers game (countdown)",
+                      choices=["gsm8k", "arithmetic", "two-step", "countdown"])
     dataset: str = _flag("./gsm8k", "hub-layout folder or hub id; '' = the task's generated problems (not gsm8k)")
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
     eval_size: int = _flag(200, "test problems for the greedy accuracy before and after training (0 = all)")
-    val_size: int = _flag(0, "problems held out from the start of the train split, never trained on: the validation "
-                          "set that settings are chosen on")
-    eval_split: str = _flag("test", "what the accuracy before and after scores: test, or validation (the --val-size "
-                            "problems) while choosing settings", choices=["test", "validation"])
+    val_size: int = _flag(0, "the first N train problems, held out (never trained on) to choose settings on")
+    eval_split: str = _flag("test", "what the accuracy before and after scores", choices=["test", "validation"])
     prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
                               choices=["chat", "plain"])
     max_prompt_length: int = _flag(512, "prompts longer than this many tokens are dropped, with a warning")
@@ -116,22 +114,17 @@ class Config:
     kl_coef: float = _flag(0.0, "weight of the k3 KL to a frozen copy of the starting model (0 = no reference)")
     ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
-    strict_answer: bool = _flag(False, "reward an answer only when it is the well-formed final line (else the "
-                                "last '####', 'answer is' or \\boxed anywhere counts)")
+    strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
-    min_signal_groups: int = _flag(0, "draw further batches until a step holds this many groups whose rewards "
-                                   "differ, and update on those alone (DAPO's dynamic sampling; 0 = off)")
+    min_signal_groups: int = _flag(0, "draw batches until a step has N groups whose rewards differ; train on those")
     max_draws: int = _flag(4, "with --min-signal-groups: at most this many further batches drawn in a step")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
-    lora_rank: int = _flag(0, "train LoRA adapters of this rank (through peft) instead of every weight; 0 = full "
-                           "fine-tuning")
+    lora_rank: int = _flag(0, "train peft LoRA adapters of this rank instead of every weight (0 = full)")
     lora_alpha: int = _flag(32, "LoRA scale: an adapter's update is multiplied by alpha / rank")
-    lora_targets: str = _flag("all-linear", "layers that get adapters: all-linear (every linear layer of the body, "
-                              "not the LM head) or comma-separated names such as q_proj,v_proj")
+    lora_targets: str = _flag("all-linear", "layers with adapters: all-linear (the body's), or names: q_proj,v_proj")
     lr_warmup_steps: int = _flag(10, "linear learning-rate warm-up, then constant")
-    lr_decay: bool = _flag(False, "after the warm-up, decay the learning rate linearly to 0 at the last step "
-                           "(--max-steps, or the data's end if sooner)")
+    lr_decay: bool = _flag(False, "after the warm-up, decay linearly to 0 at the last step (--max-steps or data end)")
     weight_decay: float = _flag(0.0, "AdamW decoupled weight decay")
     max_grad_norm: float = _flag(1.0, "gradient clipping norm")
     num_epochs: int = _flag(1, "passes over the training problems")
@@ -140,8 +133,8 @@ class Config:
     logprob_chunk_size: int = _flag(256, "completion tokens per chunk of the LM head + log-softmax")
     gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
                                         choices=["auto", "on", "off"])
-    dtype: str = _flag("auto", "weights: auto = bfloat16 on CUDA, float32 on CPU",
-                       choices=["auto", "bfloat16", "float32"])
+    dtype: str = _flag("auto", "weights: auto = bfloat16 on CUDA, float32 on CPU", choices=["auto", "bfloat16",
+                                                                                            "float32"])
     # run
     seed: int = _flag(0, "seed for data order, sampling and the demo")
     device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
@@ -153,8 +146,7 @@ class Config:
     # several processes (torchrun)
     parallel: str = _flag("ddp", "under torchrun: ddp keeps a full replica per process; fsdp shards weights, "
                           "gradients and optimizer state", choices=["ddp", "fsdp"])
-    check_replicas: bool = _flag(False, "under torchrun: compare a weight checksum across processes after every "
-                                 "step and stop if they differ (debugging)")
+    check_replicas: bool = _flag(False, "under torchrun: stop if the processes' weights differ after a step")
 
 
 # ===== Part 1: dataset =============================================================================================
@@ -505,29 +497,27 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     if start >= seq:
         zeros = torch.zeros(batch, seq, device=input_ids.device)
         return (zeros, zeros.clone()) if with_entropy else zeros
-    # Forward pass and shift: the body's state at t - 1 predicts token t, kept from the prompt's end on (no LM head
-    # over the prompt); the rows of one prompt (a GRPO group) are packed so that it runs once (shared_prompt_hidden).
-    body = model.base_model                                        # the transformer without its LM head
+    # 1. Forward pass through the transformer body, from the prompt's last position on (the LM head comes in 3).
+    body, lm_head = model.base_model, model.get_output_embeddings().weight        # lm_head: [vocab, hidden]
     segment = prompt_segments(input_ids, attention_mask, start)
     if start > 1 and int(segment[-1]) + 1 < batch and body.config._attn_implementation in ("sdpa", "eager"):
-        hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
+        # speed: the G rows of one prompt (a GRPO group) run the prompt once, their completions packed behind it
+        hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)   # [batch, seq-start+1, hid]
     else:          # positions from the mask, as generate() numbered them: a left-padded row scores as unpadded
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                      position_ids=position_ids_from_mask(attention_mask)).last_hidden_state[:, start - 1:-1]
-    targets = input_ids[:, start:]                                               # [batch, seq - start]
-    # LM head, logits / T, log-softmax and gather (token_logprobs), a chunk of positions at a time: whole, the fp32
-    # logits would be [batch, seq, 151,936] (4.7 GB for 4 x 1,024 tokens). ChunkedLogprobs recomputes in backward.
-    logprobs, entropy = (F.pad(t.view(batch, seq - start), (start, 0)) for t in ChunkedLogprobs.apply(
-        hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight, targets.reshape(-1), temperature,
-        chunk_size, with_entropy))
+                      position_ids=position_ids_from_mask(attention_mask)).last_hidden_state[:, start - 1:]
+    # 2. Shift: the state at position t - 1 predicts token t.
+    hidden, targets = hidden[:, :-1], input_ids[:, start:]                       # [batch, seq - start, (hidden)]
+
+    def token_logprobs(h, t):       # 3. logits / T, log-softmax, gather the sampled token
+        logits = (h @ lm_head.t()).float() / temperature                          # [positions, vocab]
+        return logits.log_softmax(-1).gather(-1, t[:, None])[:, 0], logits        # [positions], [positions, vocab]
+
+    # memory: token_logprobs runs a chunk of positions at a time, and is recomputed in backward (ChunkedLogprobs):
+    # whole, the fp32 logits would be [batch, seq, 151,936] (4.7 GB for 4 x 1,024 tokens)
+    logprobs, entropy = (F.pad(v.view(batch, seq - start), (start, 0)) for v in ChunkedLogprobs.apply(
+        token_logprobs, hidden.flatten(0, 1), lm_head, targets.flatten(), temperature, chunk_size, with_entropy))
     return (logprobs, entropy) if with_entropy else logprobs                     # [batch, seq] each
-
-
-def token_logprobs(hidden, lm_head_weight, targets, temperature, with_entropy=False):
-    """TODO 4's textbook lines on a chunk of positions; with_entropy, also the entropy of softmax(logits / T)."""
-    logits = (hidden @ lm_head_weight.t()).float() / temperature                 # [chunk, vocab]
-    logprobs = logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0]         # [chunk]
-    return logprobs, token_entropy(logits.detach()) if with_entropy else torch.zeros_like(logprobs)
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -996,9 +986,9 @@ def validate_config(cfg: Config) -> None:
                  "ppo_epochs", "max_new_tokens", "logprob_chunk_size", "max_prompt_length", "learning_rate",
                  "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
-    for name in ("train_size", "eval_size", "val_size", "lora_rank", "max_steps", "save_every", "keep_checkpoints", "plot_every",
-                 "min_signal_groups", "max_draws",
-                 "show_examples", "lr_warmup_steps", "advantage_eps", "kl_coef", "format_reward", "weight_decay"):
+    for name in ("train_size", "eval_size", "val_size", "lora_rank", "max_steps", "save_every", "keep_checkpoints",
+                 "plot_every", "min_signal_groups", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
+                 "kl_coef", "format_reward", "weight_decay"):
         require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
     require(cfg.generation_batch_size % cfg.group_size == 0,
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
@@ -1963,15 +1953,19 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
 
 
 class ChunkedLogprobs(torch.autograd.Function):
-    """token_logprobs over chunks of positions, one chunk's [chunk, vocab] logits alive at a time, forward or backward.
-    The backward recomputes each chunk's logits and sums the LM-head gradient into one buffer: autograd through the
-    chunks (torch.utils.checkpoint) holds a second LM-head-sized gradient, +1.26 GB in tests/bench_memory.py."""
+    """TODO 4's token_logprobs over chunks of positions, one chunk's [chunk, vocab] logits alive at a time, forward
+    or backward (with the entropy of each position's distribution, for metrics). The backward recomputes each
+    chunk's logits and sums the LM-head gradient into one buffer: autograd through the chunks
+    (torch.utils.checkpoint) holds a second LM-head-sized gradient, +1.26 GB in tests/bench_memory.py."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
-        pieces = [token_logprobs(hidden[s:s + chunk_size], weight, targets[s:s + chunk_size], temperature, with_entropy)
-                  for s in range(0, hidden.shape[0], chunk_size)]
-        logprobs, entropy = (torch.cat(values) for values in zip(*pieces))                  # [tokens] each
+    def forward(ctx, token_logprobs, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
+        logprobs, entropy = [], []
+        for s in range(0, hidden.shape[0], chunk_size):
+            values, logits = token_logprobs(hidden[s:s + chunk_size], targets[s:s + chunk_size])
+            logprobs.append(values)
+            entropy.append(token_entropy(logits) if with_entropy else torch.zeros_like(values))
+        logprobs, entropy = torch.cat(logprobs), torch.cat(entropy)                            # [tokens] each
         ctx.save_for_backward(hidden, weight, targets)
         ctx.mark_non_differentiable(entropy)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
@@ -1980,8 +1974,8 @@ class ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, _):
         hidden, weight, targets = ctx.saved_tensors
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[1] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[2] else None
         for s in range(0, hidden.shape[0], ctx.chunk_size):
             h, rows = hidden[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
             logits = (h @ weight.t()).float().div_(ctx.temperature)                           # [chunk, vocab]
@@ -1993,7 +1987,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_hidden[rows] = grad_logits @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.t(), h)
-        return grad_hidden, grad_weight, None, None, None, None
+        return None, grad_hidden, grad_weight, None, None, None, None
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -2017,7 +2011,7 @@ def prompt_segments(input_ids, attention_mask, start: int):
 
 
 def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
-    """[rows, seq - start, hidden] states that predict each completion token, each prompt computed once: a segment
+    """[rows, seq - start + 1, hidden] states of positions start - 1 on, each prompt computed once: a segment
     is packed as [prompt, completion 1, ..., completion k], each completion attending to the prompt and its own
     earlier tokens at its own row's positions, so every state equals the unpacked one (up to summation order). A
     KV cache done as one forward pass, because gradient checkpointing drops a KV cache passed to a layer."""
@@ -2049,9 +2043,8 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
     if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
         mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask, torch.finfo(body.dtype).min)
     hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
-    source = cols - 1
-    source[:, 0] = start - 1                                                 # the prompt's last state
-    return hidden[segment[:, None], source]                                  # [rows, length, hidden]
+    source = torch.cat([torch.full_like(cols[:, :1], start - 1), cols], 1)   # the prompt's last state, then its own
+    return hidden[segment[:, None], source]                                  # [rows, length + 1, hidden]
 
 
 def check_logits_are_scored(model, path: str) -> None:
@@ -2384,8 +2377,9 @@ def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), s
 
 
 def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
-    """A fixed test set, and training problems that never repeat one of its questions (whatever the seed)."""
-    test = word_problems(200, random.Random(steps), steps=steps)
+    """A fixed test set, and training problems that never repeat one of its questions (whatever the seed). The test
+    set's generator seed is one that no choice of settings ever scored (settings were chosen on Random(steps)'s)."""
+    test = word_problems(200, random.Random(f"held-out test {steps}"), steps=steps)
     problems = test if split == "test" else \
         word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
     return problems[: size or None]
@@ -2398,7 +2392,7 @@ def generated_or_loaded(make: Callable[[str, int], list[dict]]):
             return load_split(dataset, split)
         match = re.fullmatch(r"(\w+)(?:\[(\d*):(\d*)\])?", split)
         if not match:
-            raise UserError(f"generated problems take a split like 'train', 'test[:100]' or 'train[50:]', not {split!r}")
+            raise UserError(f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
         start, end = int(match.group(2) or 0), int(match.group(3) or 0)
         return enough_rows(make(match.group(1), end)[start:], split)
     return load
@@ -2570,8 +2564,8 @@ def build_demo(cfg: Config, demo: DemoConfig, run_dir: Path) -> int:
     t0 = time.perf_counter()
     write_json(run_dir / "demo.json", {"demo": True, "seed": cfg.seed})
     seed_everything(cfg.seed)
-    rng = random.Random(cfg.seed)
-    test = word_problems(demo.test_problems, rng)
+    rng = random.Random(cfg.seed)       # the test problems: a stream no screening of the demo's settings scored
+    test = word_problems(demo.test_problems, random.Random(f"held-out test {cfg.seed}"))
     train = word_problems(demo.train_problems, rng, exclude={p["question"] for p in test})
     write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
     tokenizer = build_byte_tokenizer()

@@ -3,7 +3,8 @@
 Both weight precisions: bf16 is what the CLI trains in on a GPU (naive code still upcasts the logits to fp32
 for the log-softmax), fp32 is shown beside it.
 
-Not collected by pytest (the name does not start with test_). Run: python tests/bench_memory.py
+Not collected by pytest (the name does not start with test_). Run: python tests/bench_memory.py [--against REV]
+(--against adds a column measured with revision REV's compute_logprobs_from_model, read with git show).
 Compares the naive path (full-vocabulary fp32 logits and log-softmax over every position) with ours
 (`compute_logprobs_from_model`, what the update calls: LM head on completion positions only, in chunks,
 recomputed in backward by ChunkedLogprobs) and with the same chunks under torch.utils.checkpoint (autograd's own
@@ -37,7 +38,12 @@ def checkpointed_logprobs(model, input_ids, attention_mask, *, temperature=1.0, 
     start = max(1, prompt_length or 0)
     batch, seq = input_ids.shape
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, start - 1:-1]
-    chunks = [torch.utils.checkpoint.checkpoint(gh.token_logprobs, h, model.get_output_embeddings().weight, t,
+
+    def token_logprobs(h, weight, t, temperature, with_entropy):        # TODO 4's lines, as its body has them
+        logits = (h @ weight.t()).float() / temperature
+        values = logits.log_softmax(-1).gather(-1, t[:, None])[:, 0]
+        return values, gh.token_entropy(logits.detach()) if with_entropy else torch.zeros_like(values)
+    chunks = [torch.utils.checkpoint.checkpoint(token_logprobs, h, model.get_output_embeddings().weight, t,
                                                 temperature, with_entropy, use_reentrant=False)
               for h, t in zip(hidden.reshape(-1, hidden.shape[-1]).split(chunk_size),
                               input_ids[:, start:].reshape(-1).split(chunk_size))]
@@ -104,27 +110,38 @@ def measure(path: str, dtype: str) -> float:
             logprobs = logprobs[:, PROMPT - 1:]
         else:
             score = checkpointed_logprobs if path == "checkpoint" else gh.compute_logprobs_from_model
+            if path.startswith("rev:"):           # another revision's grpo_homework.py, imported from a temp file
+                import importlib.util
+                import tempfile
+                source = subprocess.run(["git", "show", f"{path[4:]}:grpo_homework.py"], capture_output=True,
+                                        text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+                file = Path(tempfile.mkdtemp()) / "grpo_revision.py"
+                file.write_text(source)
+                spec = importlib.util.spec_from_file_location("grpo_revision", file)
+                spec.loader.exec_module(module := importlib.util.module_from_spec(spec))
+                score = module.compute_logprobs_from_model
             logprobs = score(model, ids, mask, prompt_length=PROMPT, with_entropy=True)[0][:, PROMPT:]
         logprobs.mean().backward()
     return rss_mb("VmHWM") - base, time.perf_counter() - t0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3:
+    if len(sys.argv) == 3 and sys.argv[1] != "--against":
         print(*measure(sys.argv[1], sys.argv[2]))
         sys.exit(0)
+    against = [f"rev:{sys.argv[2]}"] if sys.argv[1:2] == ["--against"] else []
     print(f"one micro-step: {SEQUENCES} sequences x ({PROMPT} prompt + {COMPLETION} completion) tokens, "
           f"Qwen2.5-1.5B widths, 2 layers, on CPU; peak memory added over weights and gradients (MB), and seconds")
-    paths = ("naive", "checkpoint", "ours", "body")
+    paths = ("naive", "checkpoint", "ours", "body", *against)
     print(f"{'weights':<10}" + "".join(f"{p:>10}" for p in paths) + f"{'ours/naive':>12}{'above body':>12}"
-          + "".join(f"{p + ' s':>12}" for p in paths[:3]))
+          + "".join(f"{p + ' s':>12}" for p in (*paths[:3], *against)))
     for dtype in ("bfloat16", "float32"):      # bf16 is what the CLI trains in on a GPU; fp32 for comparison
         runs = {path: [float(x) for x in subprocess.run([sys.executable, __file__, path, dtype], capture_output=True,
                                                         text=True, check=True).stdout.split()[-2:]] for path in paths}
         mb = {path: r[0] for path, r in runs.items()}
         above = (mb["ours"] - mb["body"]) / (mb["naive"] - mb["body"])
         print(f"{dtype:<10}" + "".join(f"{mb[p]:>10.0f}" for p in paths) + f"{mb['ours'] / mb['naive']:>12.2f}"
-              f"{above:>12.2f}" + "".join(f"{runs[p][1]:>12.2f}" for p in paths[:3]))
+              f"{above:>12.2f}" + "".join(f"{runs[p][1]:>12.2f}" for p in (*paths[:3], *against)))
     print("target: ours/naive <= 0.33 for the weights the CLI trains (bfloat16); 'checkpoint' is autograd through "
           "the chunks; 'body' is the transformer layers and tied-embedding gradient that every path shares")
     mb = {path: float(subprocess.run([sys.executable, __file__, path, "bfloat16"], capture_output=True, text=True,

@@ -900,7 +900,8 @@ def test_a_checkpoint_from_a_gpu_resumes_on_a_cpu(run_copy, capsys):
     checkpoint = run_copy / "checkpoints" / "step-2"
     state = gh.load_trainer_state(checkpoint)
     for rng in state["rng"]:
-        rng["cuda"], rng["rounding"] = torch.zeros(16, dtype=torch.uint8), {"cuda:0": torch.zeros(16, dtype=torch.uint8)}
+        cuda_state = torch.zeros(16, dtype=torch.uint8)
+        rng["cuda"], rng["rounding"] = cuda_state, {"cuda:0": cuda_state}
     tensors = {}
     (checkpoint / gh.TRAINER_STATE[0]).write_text(json.dumps(gh.to_plain(state, tensors)))
     save_file(tensors, checkpoint / gh.TRAINER_STATE[1])

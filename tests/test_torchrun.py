@@ -15,7 +15,8 @@ WORKER = str(ROOT / "tests" / "torchrun_worker.py")
 
 
 def torchrun(*args, timeout=300):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS,
+           "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            *args], capture_output=True, text=True, env=env, timeout=timeout)
 
@@ -47,13 +48,16 @@ def test_check_replicas_catches_differing_weights_and_oom_is_reported_not_retrie
     assert "under torchrun: lower --micro-batch-size (now 8)" in oom
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp", "ddp-lora"])
 def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(warm_model_dir, addition_dir, tmp_path,
                                                                              parallel):
-    """In the GPU job's precision: bf16 weights whose steps are rounded stochastically, gradient checkpointing."""
+    """In the GPU job's precision: bf16 weights whose steps are rounded stochastically, gradient checkpointing;
+    and with LoRA adapters under DDP (their final/ is the merged model)."""
     whole, split = tmp_path / "whole", tmp_path / "split"
+    lora = ["--lora-rank", "4", "--learning-rate", "1e-2"] if parallel.endswith("lora") else []
     args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4",
-            "--check-replicas", "--save-every", "2", "--parallel", parallel, *GPU_PRECISION]
+            "--check-replicas", "--save-every", "2", "--parallel", parallel.removesuffix("-lora"), *GPU_PRECISION,
+            *lora]
     result = torchrun(SCRIPT, *tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", *args))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Training completed!") == 1                 # one process prints
@@ -75,7 +79,8 @@ def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(war
     a, b = load_file(whole / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     start = load_file(warm_model_dir / "model.safetensors")
-    assert all(a[k].dtype == torch.bfloat16 for k in a) and any(not torch.equal(a[k], start[k].bfloat16()) for k in start)
+    assert all(a[k].dtype == torch.bfloat16 for k in a)
+    assert any(not torch.equal(a[k], start[k].bfloat16()) for k in start)
     single = subprocess.run([sys.executable, SCRIPT, "--resume", str(split), "--max-steps", "6"], capture_output=True,
                             text=True)
     assert single.returncode == 2 and "written by 2 process(es)" in single.stderr
