@@ -1965,6 +1965,7 @@ class ChunkedLogprobs(torch.autograd.Function):
             values, logits = token_logprobs(hidden[s:s + chunk_size], targets[s:s + chunk_size])
             logprobs.append(values)
             entropy.append(token_entropy(logits) if with_entropy else torch.zeros_like(values))
+            del logits                          # before the next chunk's: one chunk's logits alive at a time
         logprobs, entropy = torch.cat(logprobs), torch.cat(entropy)                            # [tokens] each
         ctx.save_for_backward(hidden, weight, targets)
         ctx.mark_non_differentiable(entropy)

@@ -99,6 +99,18 @@ def measure(path: str, dtype: str) -> float:
     mask = torch.ones_like(ids)
     for p in model.parameters():                      # gradients exist before the measured step, as in training
         p.grad = torch.zeros_like(p)
+    score = checkpointed_logprobs if path == "checkpoint" else gh.compute_logprobs_from_model
+    if path.startswith("rev:"):           # another revision's grpo_homework.py, imported before the measurement
+        import importlib.util
+        import tempfile
+        source = subprocess.run(["git", "show", f"{path[4:]}:grpo_homework.py"], capture_output=True, text=True,
+                                check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+        file = Path(tempfile.mkdtemp()) / "grpo_revision.py"
+        file.write_text(source)
+        spec = importlib.util.spec_from_file_location("grpo_revision", file)
+        sys.modules["grpo_revision"] = module = importlib.util.module_from_spec(spec)   # dataclasses look it up
+        spec.loader.exec_module(module)
+        score = module.compute_logprobs_from_model
     Path("/proc/self/clear_refs").write_text("5")
     base, t0 = rss_mb("VmRSS"), time.perf_counter()
     if path == "body":          # transformer layers and tied-embedding gradient only: what both paths share
@@ -109,17 +121,6 @@ def measure(path: str, dtype: str) -> float:
             logprobs = logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
             logprobs = logprobs[:, PROMPT - 1:]
         else:
-            score = checkpointed_logprobs if path == "checkpoint" else gh.compute_logprobs_from_model
-            if path.startswith("rev:"):           # another revision's grpo_homework.py, imported from a temp file
-                import importlib.util
-                import tempfile
-                source = subprocess.run(["git", "show", f"{path[4:]}:grpo_homework.py"], capture_output=True,
-                                        text=True, check=True, cwd=Path(__file__).resolve().parents[1]).stdout
-                file = Path(tempfile.mkdtemp()) / "grpo_revision.py"
-                file.write_text(source)
-                spec = importlib.util.spec_from_file_location("grpo_revision", file)
-                spec.loader.exec_module(module := importlib.util.module_from_spec(spec))
-                score = module.compute_logprobs_from_model
             logprobs = score(model, ids, mask, prompt_length=PROMPT, with_entropy=True)[0][:, PROMPT:]
         logprobs.mean().backward()
     return rss_mb("VmHWM") - base, time.perf_counter() - t0

@@ -10,6 +10,8 @@ and the share of groups with reward spread (GRPO learns nothing from a group who
 Not collected by pytest; needs GSM8K (../shared/gsm8k or --dataset) and a Qwen2.5 instruct model folder:
     python tests/bench_prompt.py MODEL_DIR --out prompt.json    # 100 test problems, 320 tokens, T 0.7 and 1
     python tests/bench_prompt.py --rescore prompt.json          # the tables again, read by today's reward
+    python tests/bench_prompt.py MODEL_DIR --split train --problems 200 --groups 0 --instructions boxed boxed-concise
+                                   # the validation problems (--val-size 200) instead of the test set
 Every completion goes to --out (JSON), with each phase's figures as soon as it ends.
 """
 import argparse
@@ -25,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
 from bench_step import sampled_rollout  # noqa: E402
 
-INSTRUCTIONS = {"####": gh.HASH_INSTRUCTION, "boxed": gh.GSM8K_INSTRUCTION}
+# "boxed-concise" is #44's free control: how much of a gain a prompt alone would give (answers are cut at 320 tokens)
+INSTRUCTIONS = {"####": gh.HASH_INSTRUCTION, "boxed": gh.GSM8K_INSTRUCTION,
+                "boxed-concise": gh.GSM8K_INSTRUCTION + " Be concise."}
 
 
 def main() -> None:
@@ -34,7 +38,10 @@ def main() -> None:
     parser.add_argument("--rescore", metavar="JSON", help="print the tables of a saved --out, every completion read "
                         "again by today's extract_answer_from_completion and is_well_formed_gsm8k")
     parser.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared" / "gsm8k"))
-    parser.add_argument("--problems", type=int, default=100, help="test problems answered greedily")
+    parser.add_argument("--problems", type=int, default=100, help="problems answered greedily (the split's first)")
+    parser.add_argument("--split", default="test", choices=["test", "train"], help="train: its first --problems, the "
+                        "validation set of --val-size")
+    parser.add_argument("--instructions", nargs="+", default=["####", "boxed"], choices=list(INSTRUCTIONS))
     parser.add_argument("--max-new-tokens", type=int, default=320)
     parser.add_argument("--groups", type=int, default=4, help="training problems sampled per temperature")
     parser.add_argument("--group-size", type=int, default=8)
@@ -50,9 +57,10 @@ def main() -> None:
     cfg = gh.Config(max_new_tokens=args.max_new_tokens, eval_batch_size=args.eval_batch_size,
                     group_size=args.group_size, generation_batch_size=args.groups * args.group_size)
     results = {"model": args.model, "settings": vars(args), "greedy": {}, "sampled": {}}
-    for name, instruction in INSTRUCTIONS.items():
+    chosen = {name: INSTRUCTIONS[name] for name in args.instructions}
+    for name, instruction in chosen.items():
         task = dataclasses.replace(gh.TASKS["gsm8k"], instruction=instruction)
-        data = gh.GSM8KDataset(f"test[:{args.problems}]", tokenizer, dataset_path=args.dataset,
+        data = gh.GSM8KDataset(f"{args.split}[:{args.problems}]", tokenizer, dataset_path=args.dataset,
                                prompt_style="chat", task=task)
         t0 = time.perf_counter()
         _, records = gh.evaluate(model, tokenizer, data, cfg, torch.device("cpu"), desc=f"greedy {name}")
@@ -65,7 +73,7 @@ def main() -> None:
             "mean_tokens": sum(r["tokens"] for r in records) / n,
             "seconds_per_problem": (time.perf_counter() - t0) / n, "records": records}
         Path(args.out).write_text(json.dumps(results, indent=1))
-    for name, instruction in INSTRUCTIONS.items():
+    for name, instruction in chosen.items() if args.groups else ():
         task = dataclasses.replace(gh.TASKS["gsm8k"], instruction=instruction)
         data = gh.GSM8KDataset(f"train[:{args.groups}]", tokenizer, dataset_path=args.dataset,
                                prompt_style="chat", task=task)
@@ -108,7 +116,8 @@ def rescored(results: dict) -> dict:
 
 def print_tables(results: dict) -> None:
     args = argparse.Namespace(**results["settings"])
-    print(f"{'greedy, ' + str(args.problems) + ' test problems':<34}{'lenient':>9}{'strict':>9}{'format':>9}"
+    split = getattr(args, "split", "test")                    # files written before --split had the test set
+    print(f"{'greedy, ' + str(args.problems) + ' ' + split + ' problems':<34}{'lenient':>9}{'strict':>9}{'format':>9}"
           f"{'cut':>7}{'tokens':>8}{'s/problem':>11}")
     for name, r in results["greedy"].items():
         print(f"{name:<34}{r['lenient']:>9.1%}{r['strict']:>9.1%}{r['format_rate']:>9.1%}{r['truncated']:>7.0%}"

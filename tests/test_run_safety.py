@@ -900,8 +900,8 @@ def test_a_checkpoint_from_a_gpu_resumes_on_a_cpu(run_copy, capsys):
     checkpoint = run_copy / "checkpoints" / "step-2"
     state = gh.load_trainer_state(checkpoint)
     for rng in state["rng"]:
-        cuda_state = torch.zeros(16, dtype=torch.uint8)
-        rng["cuda"], rng["rounding"] = cuda_state, {"cuda:0": cuda_state}
+        cuda_state = torch.zeros(16, dtype=torch.uint8)        # a CUDA generator's state is 16 bytes
+        rng["cuda"], rng["rounding"] = cuda_state, {"cuda:0": cuda_state.clone()}
     tensors = {}
     (checkpoint / gh.TRAINER_STATE[0]).write_text(json.dumps(gh.to_plain(state, tensors)))
     save_file(tensors, checkpoint / gh.TRAINER_STATE[1])

@@ -48,11 +48,12 @@ def test_check_replicas_catches_differing_weights_and_oom_is_reported_not_retrie
     assert "under torchrun: lower --micro-batch-size (now 8)" in oom
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp", "ddp-lora"])
+@pytest.mark.parametrize("parallel", ["ddp-lora", "fsdp"])
 def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(warm_model_dir, addition_dir, tmp_path,
                                                                              parallel):
-    """In the GPU job's precision: bf16 weights whose steps are rounded stochastically, gradient checkpointing;
-    and with LoRA adapters under DDP (their final/ is the merged model)."""
+    """In the GPU job's precision: bf16 weights whose steps are rounded stochastically, gradient checkpointing.
+    FSDP trains every weight; DDP trains LoRA adapters (their final/ is the merged model), since full fine-tuning
+    under DDP is test_two_processes_...'s and LoRA is what a small multi-GPU box would run."""
     whole, split = tmp_path / "whole", tmp_path / "split"
     lora = ["--lora-rank", "4", "--learning-rate", "1e-2"] if parallel.endswith("lora") else []
     args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4",
