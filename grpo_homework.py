@@ -22,6 +22,10 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Precision: bf16 weights on GPUs that compute it natively, updated by AdamW in fp32 (in slices) and written
   back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere. Log-softmax in fp32
   over chunks of completion positions, never over a whole (sequences x positions x vocab) tensor.
+- Steps without signal: a step whose groups all scored alike takes no optimizer step (AdamW would replay its
+  momentum); `--min-signal-groups N` draws further batches until N groups have reward spread (DAPO). Settings are
+  chosen on `--val-size` held-out train problems (`--eval-split validation`), never on the test set.
+- Full fine-tuning, or `--lora-rank R`: peft's LoRA adapters in the body's linear layers, the rest frozen.
 - Memory and speed: gradient checkpointing on CUDA, micro-batches with exact gradient accumulation, KV cache in
   generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
   a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
