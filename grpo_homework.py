@@ -33,7 +33,7 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
 
 Run:
-    python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~3 min)
+    python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2 min)
     python grpo_homework.py MODEL_PATH                 # the homework run (GSM8K in ./gsm8k, 24 GB GPU)
     python grpo_homework.py SMOLLM2_PATH --task arithmetic --device cpu ...   # a real small model on a CPU (README)
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
