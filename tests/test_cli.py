@@ -298,7 +298,7 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--batch-size", "1", "--max-steps", "3",
                              "--min-signal-groups", "2", "--max-draws", "3")) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    golds = [g for g in (7, 60, 12, 2000, 42, 5, 6, 150)]
+    golds = [7, 60, 12, 2000, 42, 5, 6, 150]                       # PROBLEMS' gold numbers, in the data's order
     sampler = torch.utils.data.DistributedSampler(range(8), 1, 0, seed=0, drop_last=True)
     sampler.set_epoch(0)
     order, position = [golds[i] for i in sampler], 0
