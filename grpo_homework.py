@@ -1371,7 +1371,7 @@ def train_phase(run: Run) -> None:
         checkpoint_now(run)
         write_plots(run_dir, run.summary)
         raise KeyboardInterrupt from None
-    except Exception as e:          # a failure mid-step (CUDA error, out of memory at the smallest batch): the weights
+    except Exception:               # a failure mid-step (CUDA error, out of memory at the smallest batch): the weights
         # of the last finished step are still held unless an optimizer update had begun since; one process alone,
         # since under torchrun the others may be waiting in a collective the checkpoint would join
         if getattr(run.optimizer, "updates_begun", 0) == run.updates_at_record and world()[1] == 1:

@@ -77,7 +77,7 @@ def measure(args) -> dict:
     out["peak memory over the weights (MB)"] = rss_mb("VmHWM") - base
     with tempfile.TemporaryDirectory() as folder:
         gh.save_model(Path(folder) / "checkpoint", model, tokenizer)
-        state = gh.to_plain(optimizer.state_dict(), tensors := {})
+        gh.to_plain(optimizer.state_dict(), tensors := {})      # the optimizer state's tensors, as a checkpoint has
         from safetensors.torch import save_file
         save_file(tensors, Path(folder) / "checkpoint" / "optimizer.safetensors")
         out["checkpoint (MB)"] = sum(f.stat().st_size for f in (Path(folder) / "checkpoint").rglob("*")

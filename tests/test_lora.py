@@ -1,7 +1,6 @@
 """LoRA through peft (--lora-rank): checkpoints hold the adapters, final/ loads without peft, resume is bit-exact in
 the GPU job's precision, peft is imported only when asked for, and what cannot work is refused in one line."""
 import ast
-import json
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ from safetensors.torch import load_file
 
 import grpo_homework as gh
 from conftest import ROOT
-from test_cli import GPU_PRECISION, run_cli, tiny_args
+from test_cli import GPU_PRECISION, tiny_args
 
 pytest.importorskip("peft")
 LORA = ["--lora-rank", "4", "--lora-alpha", "8"]
