@@ -137,8 +137,8 @@ class Config:
     logprob_chunk_size: int = _flag(256, "completion tokens per chunk of the LM head + log-softmax")
     gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
                                         choices=["auto", "on", "off"])
-    dtype: str = _flag("auto", "weights: auto = bfloat16 on CUDA, float32 on CPU", choices=["auto", "bfloat16",
-                                                                                            "float32"])
+    dtype: str = _flag("auto", "weights: auto = bfloat16 on CUDA, float32 on CPU",
+                       choices=["auto", "bfloat16", "float32"])
     # run
     seed: int = _flag(0, "seed for data order, sampling and the demo")
     device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
@@ -913,7 +913,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
     if not path:
         raise UserError("MODEL_PATH is required (a model directory such as ./Qwen2.5-1.5B-Instruct), or use --demo")
     local = Path(path)
-    if local.exists() or path.startswith((".", "/", "~")):
+    if looks_local(path):
         if not (local / "config.json").is_file():
             raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
         if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
@@ -1080,11 +1080,14 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     return dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit}), args
 
 
+def looks_local(path: str) -> bool:
+    """A path on this machine, not a hub id ('openai/gsm8k', no such folder here)."""
+    return path.startswith((".", "/", "~")) or Path(path).exists()
+
+
 def absolute_if_local(path: str) -> str:
-    """A local path made absolute, so that a resume started from another folder reads the same files; a hub id
-    ('openai/gsm8k', no such folder here) as it is."""
-    looks_local = path.startswith((".", "/", "~")) or Path(path).exists()
-    return os.path.abspath(os.path.expanduser(path)) if path and looks_local else path
+    """A local path made absolute, so that a resume started from another folder reads the same files."""
+    return os.path.abspath(os.path.expanduser(path)) if path and looks_local(path) else path
 
 
 # Ctrl-C, in one place: main() installs on_ctrl_c for the whole command, for SIGTERM and SIGHUP as well (a scheduler's
@@ -1410,16 +1413,16 @@ def finish_run(run: Run) -> None:
 
 # ----- Filling a step with signal (--min-signal-groups): DAPO's dynamic sampling -----
 
-def spread(rollout: Rollout, group_size: int) -> torch.Tensor:
+def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
-    grouped = rollout.rewards.view(-1, group_size)
+    grouped = rewards.view(-1, group_size)
     return ~(grouped == grouped[:, :1]).all(1)
 
 
 def wants_more_signal(drawn: list[Rollout], cfg: Config) -> bool:
     """Whether a step should draw another batch: some process holds fewer groups with spread than asked for (all
     processes draw together, so that they keep the same data position and as many groups)."""
-    have = sum(int(spread(r, cfg.group_size).sum()) for r in drawn)
+    have = sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn)
     return bool(cfg.min_signal_groups) and all_reduce(float(have < cfg.min_signal_groups), op="max")[0] > 0
 
 
@@ -1441,7 +1444,7 @@ def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 def groups_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     """The first --min-signal-groups groups whose rewards differ; when the draws ran out before that many, groups
     without spread make up the count (no gradient, but every process keeps as many rows)."""
-    has = spread(rollout, cfg.group_size)
+    has = spread(rollout.rewards, cfg.group_size)
     groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:cfg.min_signal_groups].sort().values
     rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
     return select_rows(rollout, rows)
@@ -1523,13 +1526,13 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, ro
     process's seconds."""
     rewards, lengths, truncated = (torch.cat(parts).float() for parts in zip(*gather_objects(
         (sampled.rewards.cpu(), sampled.completion_lengths.cpu(), sampled.truncated.cpu()))))
-    (kept,) = all_reduce(int(spread(rollout, cfg.group_size).sum()))
+    (kept,) = all_reduce(int(spread(rollout.rewards, cfg.group_size).sum()))
     gen_seconds, update_seconds = all_reduce(gen_seconds, update_seconds, op="max")
-    grouped = rewards.view(-1, cfg.group_size)
+    has_spread = spread(rewards, cfg.group_size)                               # [groups drawn, all processes]
     record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
-              "prompts_drawn": len(grouped), "signal_groups": int(kept),
+              "prompts_drawn": len(has_spread), "signal_groups": int(kept),
               "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-              "zero_spread_frac": (grouped == grouped[:, :1]).all(1).float().mean().item(),
+              "zero_spread_frac": (~has_spread).float().mean().item(),
               **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "policy_kl", "grad_norm", "skipped",
                                        "no_signal", "entropy")},
               "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
@@ -2186,13 +2189,12 @@ def check_replicas(model, step: int) -> float:
 def load_split(dataset: str, split: str):
     """`datasets.load_dataset` with the template's layout, failing in one line when the data is not there."""
     import datasets
-    local = Path(dataset)
-    looks_local = dataset.startswith((".", "/", "~")) or local.exists()
-    if looks_local and not local.is_dir():
+    local, is_local = Path(dataset), looks_local(dataset)
+    if is_local and not local.is_dir():
         raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there (e.g. `git clone "
                         f"https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
     try:
-        if looks_local:   # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
+        if is_local:      # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
             # The hub's README.md declares the config 'main'; without it (hf download --include "main/*"), or for
             # plain train/test files, datasets infers the splits from the file names under its 'default' config.
             name = "main" if "main" in datasets.get_dataset_config_names(str(local)) else None
@@ -2230,25 +2232,22 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
         if len(rows) and not columns & set(options):
             raise UserError(f"{where} has no {' or '.join(map(repr, options))} column (it has {sorted(columns)}); "
                             f"is it data for --task {task.name}?")
-    questions = [task.question(row) for row in rows]
-    not_text = [i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()]
-    if len(not_text) > 0.01 * len(questions):     # a few are dropped with a warning, as a few bad golds are
-        raise UserError(f"{where}: {len(not_text)} of {len(questions)} questions are not text (first at row "
-                        f"{not_text[0]})")
-    if not_text:
-        print(f"warning: {where}: dropped {len(not_text)} of {len(questions)} problems whose question is empty or "
-              f"not text", file=sys.stderr)
-    skip = set(not_text)
-    golds = [task.gold(row) if i not in skip else 0 for i, row in enumerate(rows)]
-    unparsed = [i for i, g in enumerate(golds) if g is None]
-    if len(unparsed) > 0.01 * len(golds):       # a few broken rows are dropped with a warning; more: wrong data
-        raise UserError(f"{where}: {len(unparsed)} of {len(golds)} gold answers give no number (first at row "
-                        f"{unparsed[0]}: {rows[unparsed[0]]!r:.80}); " + ("Countdown needs whole-number nums and a "
-                        "numeric target" if task.name == "countdown" else "GSM8K answers end in '#### <number>'"))
-    if unparsed:
-        print(f"warning: {where}: dropped {len(unparsed)} of {len(golds)} problems whose gold answer gives no "
-              f"number", file=sys.stderr)
-    keep = [i for i, g in enumerate(golds) if g is not None and i not in skip]
+    def few(bad: list[int], refused: str, dropped: str, detail: Callable[[int], str] = lambda i: "") -> set[int]:
+        """A few broken rows are dropped with a warning; more than 1% means wrong data, refused in one line."""
+        if len(bad) > 0.01 * len(rows):
+            raise UserError(f"{where}: {len(bad)} of {len(rows)} {refused} (first at row {bad[0]}{detail(bad[0])}")
+        if bad:
+            print(f"warning: {where}: dropped {len(bad)} of {len(rows)} problems whose {dropped}", file=sys.stderr)
+        return set(bad)
+
+    questions, golds = [task.question(row) for row in rows], [task.gold(row) for row in rows]
+    skip = few([i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()],
+               "questions are not text", "question is empty or not text", lambda i: ")")
+    hint = "Countdown needs whole-number nums and a numeric target" if task.name == "countdown" else \
+        "GSM8K answers end in '#### <number>'"
+    skip |= few([i for i, g in enumerate(golds) if g is None and i not in skip], "gold answers give no number",
+                "gold answer gives no number", lambda i: f": {rows[i]!r:.80}); {hint}")
+    keep = [i for i in range(len(rows)) if i not in skip]
     return [questions[i] for i in keep], [golds[i] for i in keep]
 
 

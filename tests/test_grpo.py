@@ -510,7 +510,7 @@ def test_groups_with_signal_keeps_groups_whose_rewards_differ_first_then_makes_u
     assert gh.groups_with_signal(rollout, cfg).completions == list("cdgh")
     assert gh.groups_with_signal(rollout, dataclasses.replace(cfg, min_signal_groups=3)).completions == \
         list("abcdgh")                                              # too few with spread: the first without
-    assert gh.spread(rollout, 2).tolist() == [False, True, False, True]
+    assert gh.spread(rollout.rewards, 2).tolist() == [False, True, False, True]
 
 
 def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epochs(model_and_tokenizer):
