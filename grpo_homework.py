@@ -26,6 +26,8 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   momentum); `--min-signal-groups N` draws further batches until N groups have reward spread (DAPO). Settings are
   chosen on `--val-size` held-out train problems (`--eval-split validation`), never on the test set.
 - Full fine-tuning, or `--lora-rank R`: peft's LoRA adapters in the body's linear layers, the rest frozen.
+- A step is 4 prompts x 16 samples in one generate call: generation is launch-bound on a GPU (an H100 took the
+  same 26-31 ms a decode step for 16 or 64 sequences), so 4x the samples cost 2.4x the time (plots/gpu-h100/).
 - Memory and speed: gradient checkpointing on CUDA, micro-batches with exact gradient accumulation, KV cache in
   generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
   a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
@@ -101,12 +103,12 @@ class Config:
     prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
                               choices=["chat", "plain"])
     max_prompt_length: int = _flag(512, "prompts longer than this many tokens are dropped, with a warning")
-    # rollout
-    batch_size: int = _flag(2, "prompts per step (per process under torchrun)")
-    group_size: int = _flag(8, "completions sampled per prompt (the G of GRPO)")
+    # rollout: 4 x 16 in one generate call, as generation is launch-bound on a GPU (the docstring's choices)
+    batch_size: int = _flag(4, "prompts per step (per process under torchrun)")
+    group_size: int = _flag(16, "completions sampled per prompt (the G of GRPO)")
     max_new_tokens: int = _flag(512, "completion length limit")
     temperature: float = _flag(1.0, "sampling temperature; log-probs divide logits by the same value")
-    generation_batch_size: int = _flag(16, "sequences per generate call (halved automatically on CUDA OOM)")
+    generation_batch_size: int = _flag(64, "sequences per generate call (halved automatically on CUDA OOM)")
     eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
     # objective
     advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
@@ -1806,8 +1808,10 @@ def pick_device(name: str) -> torch.device:
               "Qwen2.5-1.5B)", file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     if device.type == "cuda":
-        if (device.index or 0) >= torch.cuda.device_count():
+        index = torch.cuda.current_device() if device.index is None else device.index   # set_device needs one
+        if index >= torch.cuda.device_count():
             raise UserError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs here")
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
     return device
 

@@ -108,6 +108,8 @@ def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device
         gh.grpo_update(model, optimizer, rollout, cfg)
         sync(device)
         t2 = time.perf_counter()
+        peak = f", peak allocated {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else ""
+        print(f"  step {step}: generation {t1 - t0:.1f} s, update {t2 - t1:.1f} s{peak}", flush=True)
         if step:                    # the first step pays for allocator warm-up and kernel selection
             gen_s, update_s = gen_s + t1 - t0, update_s + t2 - t1
             new_tokens += int(sample["completion_lengths"].sum())
@@ -186,6 +188,7 @@ def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> d
             seconds = cb_seconds if extra == "generate_batch" else time.perf_counter() - t0
         tokens[name] = out
         results[name] = out.numel() / seconds
+        print(f"  {name}: {results[name]:.0f} new tok/s", flush=True)     # a way that hangs leaves the others
     first = next(iter(tokens.values()))
     identical = {name: t.shape == first.shape and torch.equal(t, first) for name, t in tokens.items()}
 
@@ -206,14 +209,17 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per config; the first is not timed")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="GSM8K's chat prompts are about 100 tokens")
     parser.add_argument("--skip-compile", action="store_true", help="leave out the four-way generation comparison")
-    for name in ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size"):
+    sizes = ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size", "lora_rank",
+             "logprob_chunk_size")
+    for name in sizes:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(gh.Config, name))
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    cfg = gh.Config(**{k: getattr(args, k) for k in ("batch_size", "group_size", "max_new_tokens",
-                                                     "micro_batch_size", "generation_batch_size")})
+    cfg = gh.Config(**{k: getattr(args, k) for k in sizes})
     gh.validate_config(cfg)
     model = build_model(args.layers, device)
+    if cfg.lora_rank:                         # the CLI's --lora-rank: peft adapters (fp32) on the bf16 body
+        model = gh.with_lora(model, cfg, None)
     if device.type == "cuda":
         gh.enable_checkpointing(model)        # the CLI's --gradient-checkpointing auto
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -221,7 +227,8 @@ def main(argv=None):
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{name}: Qwen2.5-1.5B shape, {args.layers} layers, {weight_bytes / 2**30:.2f} GiB of weights "
           f"({next(model.parameters()).dtype}); copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    print(f"config: {cfg.batch_size} prompts x {cfg.group_size} samples x {cfg.max_new_tokens} new tokens, "
+    print(f"config: {f'LoRA {cfg.lora_rank}' if cfg.lora_rank else 'full'}, {cfg.batch_size} prompts x "
+          f"{cfg.group_size} samples x {cfg.max_new_tokens} new tokens, "
           f"prompt {args.prompt_tokens} tokens, micro-batch {cfg.micro_batch_size}, generation batch "
           f"{cfg.generation_batch_size}")
     r = training_steps(model, cfg, args.steps, args.prompt_tokens, device)

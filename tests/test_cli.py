@@ -78,7 +78,7 @@ def test_help_lists_every_flag_with_its_default():
     for name in ("--group-size", "--max-new-tokens", "--learning-rate", "--prompt-style", "--loss-agg", "--demo",
                  "--resume", "--report", "--save-every", "--kl-coef", "--clip-eps-high", "--format-reward"):
         assert name in text, name
-    assert "(default: 8)" in text and "(default: ./gsm8k)" in text
+    assert "(the G of GRPO) (default: 16)" in text and "(default: ./gsm8k)" in text
 
 
 @pytest.mark.parametrize("case, message", [
@@ -251,6 +251,21 @@ def test_dtype_auto_is_bf16_only_where_the_gpu_computes_it(monkeypatch, capsys, 
     assert ("no native bf16" in err and "twice the memory" in err) == (expected == torch.float32)
     assert gh.weight_dtype("auto", torch.device("cpu")) == torch.float32
     assert gh.weight_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16      # asked for: as asked
+
+
+@pytest.mark.parametrize("name, current, index", [("auto", 0, 0), ("cuda", 1, 1), ("cuda:1", 0, 1)])
+def test_cuda_device_gets_an_index_before_set_device(monkeypatch, name, current, index):
+    """torch.cuda.set_device refuses a device without an index ("Expected a torch.device with a specified index"):
+    the first CUDA run failed so while loading. The fake set_device does torch's own check of its argument."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda device: chosen.append(torch._utils._get_device_index(device, optional=False)))
+    assert gh.pick_device(name) == torch.device("cuda", index) and chosen == [index]
+    with pytest.raises(gh.UserError, match="there are 2 CUDA GPUs here"):
+        gh.pick_device("cuda:2")
 
 
 def test_countdown_task_runs_end_to_end_on_generated_problems(model_dir, tmp_path, capsys):
