@@ -27,7 +27,7 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   chosen on `--val-size` held-out train problems (`--eval-split validation`), never on the test set.
 - Full fine-tuning, or `--lora-rank R`: peft's LoRA adapters in the body's linear layers, the rest frozen.
 - A step is 4 prompts x 16 samples in one generate call: generation is launch-bound on a GPU (an H100 took the
-  same 26-31 ms a decode step for 16 or 64 sequences), so 4x the samples cost 2.4x the time (plots/gpu-h100/).
+  same 26-31 ms a decode step for 16 or 64 sequences), so 4x the samples cost 1.1-1.2x the step (plots/gpu-h100/).
 - Memory and speed: gradient checkpointing on CUDA, micro-batches with exact gradient accumulation, KV cache in
   generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
   a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
