@@ -17,7 +17,9 @@ A random model almost never samples EOS, so every completion runs to --max-new-t
 
 Not collected by pytest (the name does not start with test_). Run on a GPU:
     python tests/bench_gpu.py                                   # the CLI's defaults
-    python tests/bench_gpu.py --batch-size 4 --micro-batch-size 8 --max-new-tokens 512   # a row of README's table
+    python tests/bench_gpu.py --max-new-tokens 1024 --micro-batch-size 8 --logprob-chunk-size 1024 --skip-compile
+    python tests/bench_gpu.py --lora-rank 16 --batch-size 8 --max-new-tokens 1024 --micro-batch-size 8 \
+        --generation-batch-size 128 --logprob-chunk-size 1024 --skip-compile     # README's 24 GB LoRA row
 On CPU (a smoke test, not a timing): python tests/bench_gpu.py --layers 2 --max-new-tokens 8 --steps 1
 """
 import argparse
