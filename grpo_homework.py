@@ -1808,9 +1808,9 @@ def pick_device(name: str) -> torch.device:
               "Qwen2.5-1.5B)", file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     if device.type == "cuda":
-        index = torch.cuda.current_device() if device.index is None else device.index   # set_device needs one
-        if index >= torch.cuda.device_count():
+        if (device.index or 0) >= torch.cuda.device_count():
             raise UserError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs here")
+        index = torch.cuda.current_device() if device.index is None else device.index   # set_device needs one
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
     return device

@@ -268,6 +268,14 @@ def test_cuda_device_gets_an_index_before_set_device(monkeypatch, name, current,
         gh.pick_device("cuda:2")
 
 
+def test_cuda_asked_for_without_a_gpu_is_one_line(monkeypatch):
+    """Before any CUDA call (a CPU-only torch raises in current_device), the count refuses it in one line."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: pytest.fail("asked a GPU-less torch for its device"))
+    with pytest.raises(gh.UserError, match="--device cuda: there are 0 CUDA GPUs here"):
+        gh.pick_device("cuda")
+
+
 def test_countdown_task_runs_end_to_end_on_generated_problems(model_dir, tmp_path, capsys):
     out = tmp_path / "countdown"
     code = gh.main([str(model_dir), "--task", "countdown", "--output-dir", str(out), "--device",   # no --dataset
