@@ -2236,21 +2236,21 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
         if len(rows) and not columns & set(options):
             raise UserError(f"{where} has no {' or '.join(map(repr, options))} column (it has {sorted(columns)}); "
                             f"is it data for --task {task.name}?")
-    def few(bad: list[int], refused: str, dropped: str, detail: Callable[[int], str] = lambda i: "") -> set[int]:
+    def few(bad: list[int], refused: str, dropped: str, show: Callable[[int], str] = lambda i: "", hint="") -> set:
         """A few broken rows are dropped with a warning; more than 1% means wrong data, refused in one line."""
         if len(bad) > 0.01 * len(rows):
-            raise UserError(f"{where}: {len(bad)} of {len(rows)} {refused} (first at row {bad[0]}{detail(bad[0])}")
+            raise UserError(f"{where}: {len(bad)} of {len(rows)} {refused} (first at row {bad[0]}{show(bad[0])}){hint}")
         if bad:
             print(f"warning: {where}: dropped {len(bad)} of {len(rows)} problems whose {dropped}", file=sys.stderr)
         return set(bad)
 
     questions, golds = [task.question(row) for row in rows], [task.gold(row) for row in rows]
     skip = few([i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()],
-               "questions are not text", "question is empty or not text", lambda i: ")")
+               "questions are not text", "question is empty or not text")
     hint = "Countdown needs whole-number nums and a numeric target" if task.name == "countdown" else \
         "GSM8K answers end in '#### <number>'"
     skip |= few([i for i, g in enumerate(golds) if g is None and i not in skip], "gold answers give no number",
-                "gold answer gives no number", lambda i: f": {rows[i]!r:.80}); {hint}")
+                "gold answer gives no number", lambda i: f": {rows[i]!r:.80}", f"; {hint}")
     keep = [i for i in range(len(rows)) if i not in skip]
     return [questions[i] for i in keep], [golds[i] for i in keep]
 

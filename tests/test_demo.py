@@ -4,7 +4,8 @@ A shortened demo (seed 0, 300 of the default 1,000 GRPO steps, about one minute)
 the same model, warm-up and settings (the learning rate decays to 0 at step 300 instead of 1,000), so it
 exercises everything the full run does. Measured in the full suite, alone on 2 CPU cores, on the demo's fresh
 held-out problems (#45 item 5): greedy accuracy 35.0% -> 60.0%, mean sampled reward 0.24 over the first 50 steps
--> 0.42 over the last 50 (the full 1,000 steps: 35.0% -> 69.7%, plots/demo-seed0/). Greedy accuracy part-way through a run is noisy, so the test asks for both: +10 points held-out (about
+-> 0.42 over the last 50 (the full 1,000 steps: 35.0% -> 69.7%, plots/demo-seed0/). Greedy accuracy part-way
+through a run is noisy, so the test asks for both: +10 points held-out (about
 2.5 standard errors of a difference of two accuracies on 300 problems) and a sampled-reward rise of at least 0.1.
 A second, in-process test runs a miniature demo three times: the same seed gives the same data and weights.
 """
