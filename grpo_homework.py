@@ -49,15 +49,12 @@ the banner "WHAT SUPPORTS THE RUN"; below it, what a real run needs around the a
 from __future__ import annotations
 
 import argparse
-import ast
-import collections
 import contextlib
 import dataclasses
 import gc
 import hashlib
 import json
 import math
-import operator
 import os
 import random
 import re
@@ -93,8 +90,8 @@ def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
 class Config:
     model_path: str = _flag("", "model directory or hub id (Qwen2.5-1.5B-Instruct for the homework)")
     # data
-    task: str = _flag("gsm8k", "gsm8k; generated word problems (arithmetic, two-step) or numbers game (countdown)",
-                      choices=["gsm8k", "arithmetic", "two-step", "countdown"])
+    task: str = _flag("gsm8k", "gsm8k, or generated word problems (arithmetic, two-step)",
+                      choices=["gsm8k", "arithmetic", "two-step"])
     dataset: str = _flag("./gsm8k", "hub-layout folder or hub id; '' = the task's generated problems (not gsm8k)")
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
     eval_size: int = _flag(200, "test problems for the greedy accuracy before and after training (0 = all)")
@@ -186,7 +183,7 @@ class GSM8KDataset(Dataset):
                  prompt_style="plain", task=None):
         self.task, self.tokenizer, self.max_length = task or TASKS["gsm8k"], tokenizer, max_length
         rows = self.task.load(dataset_path, split)
-        questions, answers = checked_problems(rows, self.task, f"{dataset_path} [{split}]")
+        questions, answers = checked_problems(rows, f"{dataset_path} [{split}]")
         prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
         self.prompts, self.questions, self.answers = prompts, questions, answers
         self.add_special_tokens = prompt_style != "chat"     # a chat template carries any BOS token itself
@@ -274,15 +271,14 @@ def gsm8k_reward(completion: str, gold: float) -> float:
     return float(pred is not None and gold is not None and math.isclose(pred, float(gold), rel_tol=1e-9, abs_tol=1e-6))
 
 
-def compute_reward(completions, ground_truth_answers, *, task=None, format_reward=0.0, strict_answer=False):
+def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, strict_answer=False):
     """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` if well formed.
     With `strict_answer`, a right answer counts only in the well-formed final line."""
-    task = task or TASKS["gsm8k"]
     golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
-    formed = [task.well_formed(c) for c in completions]
-    return torch.tensor([task.reward(c, g) * (ok or not strict_answer) + format_reward * ok
+    formed = [is_well_formed_gsm8k(c) for c in completions]
+    return torch.tensor([gsm8k_reward(c, g) * (ok or not strict_answer) + format_reward * ok
                          for c, g, ok in zip(completions, golds, formed)], dtype=torch.float32)
 
 
@@ -704,7 +700,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     elif [k for k, v in given.items() if getattr(cfg, k) != v]:
         raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
     extras = extras or LoopExtras()
-    task, scorer, start = TASKS[cfg.task], extras.scorer or PolicyLogprobs(model), extras.start
+    scorer, start = extras.scorer or PolicyLogprobs(model), extras.start
     history, step = [], start["step"]
     model.train()
 
@@ -716,7 +712,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                 max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
         # 2. Reward each completion: is its final number its prompt's gold answer?
         golds = [gold for gold in batch["answers"] for _ in range(group_size)]       # one per completion
-        rewards = compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
+        rewards = compute_reward(sample["completions"], golds, format_reward=cfg.format_reward,
                                  strict_answer=cfg.strict_answer)
         # 3. Advantages: each reward relative to the other completions of the same prompt.
         advantages = compute_advantages_grpo(rewards, group_size, normalize_by_std=cfg.advantage == "grpo",
@@ -785,9 +781,9 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
         for question, gold, completion, tokens, cut in zip(batch["questions"], batch["answers"], out["completions"],
                                                            out["completion_lengths"].tolist(), out["truncated"]):
             records.append({"question": question, "gold": gold, "completion": completion, "tokens": tokens,
-                            "truncated": bool(cut), "extracted": dataset.task.extract(completion),
-                            "correct": dataset.task.reward(completion, gold) == 1.0,
-                            "well_formed": bool(dataset.task.well_formed(completion))})
+                            "truncated": bool(cut), "extracted": extract_answer_from_completion(completion),
+                            "correct": gsm8k_reward(completion, gold) == 1.0,
+                            "well_formed": is_well_formed_gsm8k(completion)})
     shards = gather_objects(records)
     records = [shards[i % world_size][i // world_size] for i in range(len(dataset))]
     n = max(len(records), 1)
@@ -2188,7 +2184,7 @@ def check_replicas(model, step: int) -> float:
     return sums[:, 0].sum().item()
 
 
-# ----- Data and generated tasks: loading hub-layout folders, word problems and Countdown -----
+# ----- Data and generated tasks: loading hub-layout folders, and word problems -----
 
 def load_split(dataset: str, split: str):
     """`datasets.load_dataset` with the template's layout, failing in one line when the data is not there."""
@@ -2228,14 +2224,13 @@ def enough_rows(rows, split: str, dataset: str = ""):
     return rows
 
 
-def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
-    """Questions and golds of `rows`, or UserError when they cannot train: missing columns, questions that are
-    not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
+def checked_problems(rows, where: str) -> tuple[list[str], list]:
+    """Questions and golds of GSM8K-format `rows`, or UserError when they cannot train: missing columns, questions
+    that are not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
     columns = set(rows.column_names) if hasattr(rows, "column_names") else set(rows[0]) if len(rows) else set()
-    for options in task.columns:
-        if len(rows) and not columns & set(options):
-            raise UserError(f"{where} has no {' or '.join(map(repr, options))} column (it has {sorted(columns)}); "
-                            f"is it data for --task {task.name}?")
+    if len(rows) and (missing := sorted({"question", "answer"} - columns)):
+        raise UserError(f"{where} has no {' or '.join(map(repr, missing))} column (GSM8K's are 'question' and "
+                        f"'answer'; it has {sorted(columns)})")
     def few(bad: list[int], refused: str, dropped: str, show: Callable[[int], str] = lambda i: "", hint="") -> set:
         """A few broken rows are dropped with a warning; more than 1% means wrong data, refused in one line."""
         if len(bad) > 0.01 * len(rows):
@@ -2244,13 +2239,11 @@ def checked_problems(rows, task, where: str) -> tuple[list[str], list]:
             print(f"warning: {where}: dropped {len(bad)} of {len(rows)} problems whose {dropped}", file=sys.stderr)
         return set(bad)
 
-    questions, golds = [task.question(row) for row in rows], [task.gold(row) for row in rows]
+    questions, golds = [row["question"] for row in rows], [GSM8KDataset.extract_answer(row["answer"]) for row in rows]
     skip = few([i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()],
                "questions are not text", "question is empty or not text")
-    hint = "Countdown needs whole-number nums and a numeric target" if task.name == "countdown" else \
-        "GSM8K answers end in '#### <number>'"
     skip |= few([i for i, g in enumerate(golds) if g is None and i not in skip], "gold answers give no number",
-                "gold answer gives no number", lambda i: f": {rows[i]!r:.80}", f"; {hint}")
+                "gold answer gives no number", lambda i: f": {rows[i]!r:.80}", "; GSM8K answers end in '#### <number>'")
     keep = [i for i in range(len(rows)) if i not in skip]
     return [questions[i] for i in keep], [golds[i] for i in keep]
 
@@ -2264,93 +2257,6 @@ def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path
     for split, rows in splits.items():
         datasets.Dataset.from_list(rows).to_parquet(str(folder / "main" / f"{split}-00000-of-00001.parquet"))
     return folder
-
-
-COUNTDOWN_INSTRUCTION = ("Using each of the given numbers at most once, with + - * / and parentheses, write an "
-                         "equation that equals the target. Think it through, then give only the equation inside "
-                         "<answer></answer>, for example <answer>(1 + 2) / 3</answer>.")
-
-# Countdown: "Using the numbers [..], create an equation that equals T"; the equation goes in <answer> tags.
-_ALLOWED_EQUATION = re.compile(r"[\d\s+\-*/().]{1,200}")         # at most 200 characters of arithmetic
-_MAX_EQUATION_DEPTH, _MAX_MAGNITUDE = 20, 1e12
-
-
-def _extract_answer(text):
-    """Content of the last <answer>...</answer> pair, stripped; None if there is none."""
-    text = text or ""
-    end = text.rfind("</answer>")
-    start = text.rfind("<answer>", 0, end) if end >= 0 else -1
-    return text[start + len("<answer>"):end].strip() if start >= 0 else None
-
-
-def _validate_numbers(equation_str, available_numbers):
-    """True if the equation uses only available numbers, each at most once (as many times as it is available)."""
-    try:
-        used = collections.Counter(int(n) for n in re.findall(r"\d+", equation_str))
-    except (TypeError, ValueError):
-        return False
-    return not used - collections.Counter(available_numbers)
-
-
-def _evaluate_equation(equation_str):
-    """Value of integers combined by + - * / and parentheses; None for anything else. Its AST is walked over an
-    allow-list (nothing runs as Python), with length, nesting and magnitude bounded: no input can hang or crash it."""
-    if not isinstance(equation_str, str) or not _ALLOWED_EQUATION.fullmatch(equation_str):
-        return None
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-    def walk(node, depth):
-        if depth > _MAX_EQUATION_DEPTH:
-            raise ValueError("too deep")
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return float(node.value)
-        if isinstance(node, ast.UnaryOp) and type(node.op) in ops:
-            return ops[type(node.op)](walk(node.operand, depth + 1))
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            value = ops[type(node.op)](walk(node.left, depth + 1), walk(node.right, depth + 1))
-            if math.isfinite(value) and abs(value) <= _MAX_MAGNITUDE:
-                return value
-        raise ValueError(f"node {type(node).__name__} not allowed, or too large")
-
-    try:
-        return walk(ast.parse(equation_str.strip(), mode="eval").body, 1)
-    except (SyntaxError, ValueError, MemoryError, RecursionError, ZeroDivisionError, OverflowError):
-        return None
-
-
-def reward_fn(generated_text, ground_truth):
-    """Countdown reward: 1.0 correct equation, 0.1 an answer tag that is wrong or invalid, 0.0 no answer tag."""
-    equation = _extract_answer(generated_text)
-    if equation is None:
-        return 0.0
-    if not _validate_numbers(equation, ground_truth["numbers"]):
-        return 0.1
-    value = _evaluate_equation(equation)
-    return 1.0 if value is not None and abs(value - ground_truth["target"]) < 1e-6 else 0.1
-
-
-def countdown_gold(numbers, target) -> dict | None:
-    """reward_fn's ground truth, or None unless nums are ints and the target a number (a text "3" pays 0.1 at best)."""
-    if not isinstance(numbers, list) or not numbers or any(type(n) is not int for n in numbers) or \
-            type(target) not in (int, float) or not math.isfinite(target):
-        return None
-    return {"numbers": numbers, "target": target}
-
-
-def countdown_problems(n: int, seed: int) -> list[dict]:
-    """Countdown problems solvable by construction: the target is a random expression of the numbers."""
-    rng = random.Random(seed)
-    problems = []
-    while len(problems) < n:
-        nums = [rng.randint(1, 99) for _ in range(rng.choice([3, 4]))]
-        expr = str(nums[0])
-        for x in nums[1:]:
-            expr = f"({expr} {rng.choice('+-*')} {x})"
-        target = _evaluate_equation(expr)
-        if target is not None and 0 < target <= 1000:
-            problems.append({"nums": nums, "target": int(target)})
-    return problems
 
 
 NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
@@ -2408,37 +2314,16 @@ def generated_or_loaded(make: Callable[[str, int], list[dict]]):
 
 @dataclass(frozen=True)
 class Task:
-    """What differs between tasks: where problems come from, the prompt, the gold answer and the reward."""
-    name: str
+    """Where a task's problems come from and what its prompt asks. Every task is in GSM8K's format (a question; an
+    answer ending '#### N') and is rewarded and scored as GSM8K is."""
     instruction: str
     load: Callable[[str, str], Any]
-    question: Callable[[dict], str]
-    gold: Callable[[dict], Any]
-    reward: Callable[[str, Any], float]
-    well_formed: Callable[[str], bool]
-    extract: Callable[[str], Any]          # the answer a completion gives, as the reward reads it
-    columns: tuple[tuple[str, ...], ...]   # the dataset needs one column of each tuple
 
 
-TASKS = {
-    "gsm8k": Task("gsm8k", GSM8K_INSTRUCTION, load_split, lambda row: row["question"],
-                  lambda row: GSM8KDataset.extract_answer(row["answer"]), gsm8k_reward,
-                  is_well_formed_gsm8k, extract_answer_from_completion, (("question",), ("answer",))),
-    "countdown": Task("countdown", COUNTDOWN_INSTRUCTION,
-                      generated_or_loaded(lambda split, size: countdown_problems(size or 1000, int(split != "train"))),
-                      lambda row: f"Using the numbers {row.get('nums', row.get('numbers'))}, create an equation "
-                                  f"that equals {row['target']}.",
-                      lambda row: countdown_gold(row.get("nums", row.get("numbers")), row["target"]), reward_fn,
-                      lambda text: _extract_answer(text) is not None, _extract_answer,
-                      (("nums", "numbers"), ("target",))),
-}
-
-
-# Word problems a small model can learn on a CPU in minutes, answered and scored exactly like GSM8K
-for _name, _steps in (("arithmetic", 1), ("two-step", 2)):
-    TASKS[_name] = dataclasses.replace(
-        TASKS["gsm8k"], name=_name, instruction=HASH_INSTRUCTION, load=generated_or_loaded(
-            lambda split, size, steps=_steps: word_problem_split(split, size, steps)))
+# GSM8K, and word problems a small model can learn on a CPU in minutes
+TASKS = {"gsm8k": Task(GSM8K_INSTRUCTION, load_split), **{
+    name: Task(HASH_INSTRUCTION, generated_or_loaded(lambda split, size, s=steps: word_problem_split(split, size, s)))
+    for name, steps in (("arithmetic", 1), ("two-step", 2))}}
 
 
 # ----- The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU -----

@@ -54,7 +54,7 @@ def measure(args) -> dict:
     for step in range(args.steps + 1):             # step 0 warms up (first calls allocate and dispatch)
         torch.manual_seed(step)
         t0 = time.perf_counter()
-        rollout = sampled_rollout(model, tokenizer, batch, cfg, torch.device("cpu"), gh.TASKS["arithmetic"])
+        rollout = sampled_rollout(model, tokenizer, batch, cfg, torch.device("cpu"))
         t1 = time.perf_counter()
         rollout = dataclasses.replace(rollout, advantages=torch.randn(rollout.advantages.shape,
                                                                       generator=torch.Generator().manual_seed(step)))

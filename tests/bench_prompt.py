@@ -82,7 +82,7 @@ def main() -> None:
             torch.manual_seed(0)
             t0 = time.perf_counter()
             rollout = sampled_rollout(model, tokenizer, batch, dataclasses.replace(cfg, temperature=temperature),
-                                      torch.device("cpu"), task)
+                                      torch.device("cpu"))
             groups = rollout.rewards.view(-1, args.group_size)
             results["sampled"][f"{name} T{temperature}"] = {
                 "reward_mean": rollout.rewards.mean().item(),

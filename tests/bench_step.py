@@ -47,13 +47,13 @@ def previous_path():
             "rows_with_signal": lambda rollout, cfg: rollout}
 
 
-def sampled_rollout(model, tokenizer, batch, cfg, device, task) -> gh.Rollout:
+def sampled_rollout(model, tokenizer, batch, cfg, device) -> gh.Rollout:
     """train_grpo's steps 1-3 on one batch: sample, reward, advantages."""
     sample = gh.generate_completions(model, tokenizer, batch["input_ids"].to(device),
                                      batch["attention_mask"].to(device), cfg.max_new_tokens, cfg.temperature,
                                      cfg.group_size, batch_size=cfg.generation_batch_size)
     golds = [gold for gold in batch["answers"] for _ in range(cfg.group_size)]
-    rewards = gh.compute_reward(sample["completions"], golds, task=task, format_reward=cfg.format_reward,
+    rewards = gh.compute_reward(sample["completions"], golds, format_reward=cfg.format_reward,
                                 strict_answer=cfg.strict_answer)
     advantages = gh.compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
                                             advantage_eps=cfg.advantage_eps)
@@ -116,7 +116,7 @@ def trl_seconds_per_step(args, problems: list[dict], cfg) -> list[float]:
 
     def reward(completions, gold, **_):
         texts = [c[-1]["content"] for c in completions]
-        return gh.compute_reward(texts, gold, task=task).tolist()
+        return gh.compute_reward(texts, gold).tolist()
 
     class StepTimer(transformers.TrainerCallback):
         def __init__(self):
@@ -178,7 +178,7 @@ def main():
             torch.manual_seed(step)
             with patched(patches):
                 t0 = time.perf_counter()
-                rollout = sampled_rollout(model, tokenizer, batch, cfg, device, gh.TASKS[args.task])
+                rollout = sampled_rollout(model, tokenizer, batch, cfg, device)
                 totals[name]["generation"] = totals[name].get("generation", 0.0) + time.perf_counter() - t0
         for name, patches in paths:
             for phase, seconds in measure(model, optimizer, rollout, cfg, patches).items():

@@ -1,4 +1,4 @@
-"""Part 1 (dataset, collate) and Part 2 (answer extraction, rewards, Countdown verifier) against hand-made cases
+"""Part 1 (dataset, collate) and Part 2 (answer extraction, rewards) against hand-made cases
 and real completions of a Qwen2.5 model."""
 import json
 import math
@@ -187,62 +187,6 @@ def test_real_gsm8k_slice_out_of_range_is_a_user_error():
             gh.load_split(str(SHARED_GSM8K), split)
 
 
-# ----- Countdown verifier -----
-
-NUMS = {"numbers": [1, 2, 3, 4], "target": 9}
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("think... <answer>(1 + 2) * 3</answer>", 1.0),
-    ("<answer>4 + 3 + 2</answer>", 1.0),
-    ("<answer>4 * 2 + 1</answer>", 1.0),
-    ("<answer>1 + 2 + 3</answer>", 0.1),             # valid but wrong value
-    ("<answer>3 * 3</answer>", 0.1),                 # 3 used twice
-    ("<answer>9</answer>", 0.1),                     # 9 is not available
-    ("<answer>4 + 5</answer>", 0.1),
-    ("<answer>import os</answer>", 0.1),
-    ("the answer is (1 + 2) * 3", 0.0),             # no tag
-    ("<answer>1</answer> then <answer>(1 + 2) * 3</answer>", 1.0),   # the last tag counts
-])
-def test_countdown_reward(text, expected):
-    assert gh.reward_fn(text, NUMS) == expected
-
-
-def test_countdown_handout_example():
-    # The Countdown handout's prompt: "For example, numbers = [1, 2, 3, 4] and target = 5, the answer is
-    # <answer>(1 + 2) * 3 - 4</answer>."
-    example = {"numbers": [1, 2, 3, 4], "target": 5}
-    text = "<think>3 * 3 = 9, minus 4</think> <answer>(1 + 2) * 3 - 4</answer>"
-    assert gh._extract_answer(text) == "(1 + 2) * 3 - 4"
-    assert gh._validate_numbers("(1 + 2) * 3 - 4", example["numbers"]) is True
-    assert gh._evaluate_equation("(1 + 2) * 3 - 4") == 5.0
-    assert gh.reward_fn(text, example) == 1.0
-    assert gh.reward_fn("<answer>(1 + 2) * 3 + 4</answer>", example) == 0.1
-    assert gh.reward_fn("(1 + 2) * 3 - 4", example) == 0.0
-
-
-def test_countdown_helpers():
-    assert gh._extract_answer("x <answer> 1+2 </answer>") == "1+2"
-    assert gh._extract_answer("<answer>1+2") is None
-    assert gh._validate_numbers("1 + 1", [1, 2]) is False and gh._validate_numbers("1 + 1", [1, 1, 5]) is True
-    assert gh._evaluate_equation("(1 + 2) * 3 / 4") == 2.25 and gh._evaluate_equation("-3 + 5") == 2.0
-
-
-@pytest.mark.parametrize("hostile", ["2 ** 10", "2(3)", "(1)(2)", "1 / 0", "3 × 4", "3 − 1", "__import__('os')",
-                                     "1 if 1 else 2", "9" * 5000, "(" * 300 + "1" + ")" * 300, "9*" * 99 + "9",
-                                     "1e308 * 10", "1 // 2", "1.5 + 1", "", "   "])
-def test_countdown_evaluation_rejects_hostile_input_quickly(hostile):
-    start = time.perf_counter()
-    assert gh._evaluate_equation(hostile) is None
-    assert time.perf_counter() - start < 0.5
-
-
-def test_generated_countdown_problems_are_solvable_by_construction():
-    problems = gh.countdown_problems(50, seed=3)
-    assert problems == gh.countdown_problems(50, seed=3)
-    assert all(0 < p["target"] <= 1000 and len(p["nums"]) in (3, 4) for p in problems)
-
-
 def test_word_problems_are_distinct_and_their_worked_answers_are_right():
     import random
     for steps in (1, 2):
@@ -251,8 +195,8 @@ def test_word_problems_are_distinct_and_their_worked_answers_are_right():
         for p in problems:
             *work, final = p["answer"].split("\n")
             for line in work:                       # each line 'x op y = z' holds
-                left, right = line.split(" = ")
-                assert gh._evaluate_equation(left) == float(right), p
+                x, op, y, _, z = line.split()
+                assert {"+": int.__add__, "-": int.__sub__, "*": int.__mul__}[op](int(x), int(y)) == int(z), p
             numbers = [int(x) for x in gh.re.findall(r"\d+", p["question"])]
             assert len(work) == steps and len(numbers) == steps + 1
             a, b, *c = numbers                      # recomputed from the question's own words
@@ -280,21 +224,8 @@ def test_the_demo_draws_the_same_problems_as_before_word_problems_took_two_steps
 
 
 @pytest.mark.parametrize("argv, dataset", [([], os.path.abspath("gsm8k")), (["--task", "arithmetic"], ""),
-                                           (["--task", "countdown"], ""),
                                            (["--task", "two-step", "--dataset", "d"], "d")])
 def test_generated_tasks_do_not_read_gsm8k_unless_told(argv, dataset):
     """A local folder is kept absolute (a resume may start elsewhere); 'd', no folder here, is a hub id."""
     cfg, _ = gh.parse_config(["model", *argv])
     assert cfg.dataset == dataset
-
-
-def test_countdown_loads_a_local_hub_dataset_with_either_column_name(tmp_path, tokenizer):
-    rows = [{"nums": [3, 5, 7], "target": 22}, {"nums": [2, 9], "target": 18}]
-    folder = gh.write_hub_dataset(tmp_path / "cd", {"train": rows, "test": rows[:1]})
-    ds = gh.GSM8KDataset("train", tokenizer, dataset_path=str(folder), task=gh.TASKS["countdown"])
-    assert ds[0]["question"] == "Using the numbers [3, 5, 7], create an equation that equals 22."
-    assert ds[1]["answer"] == {"numbers": [2, 9], "target": 18}
-    assert gh.reward_fn("<answer>3 * 5 + 7</answer>", ds[0]["answer"]) == 1.0
-    renamed = gh.write_hub_dataset(tmp_path / "cd2", {"train": [{"numbers": [1, 2], "target": 3}]})
-    assert gh.GSM8KDataset("train", None, dataset_path=str(renamed), task=gh.TASKS["countdown"]).answers == \
-        [{"numbers": [1, 2], "target": 3}]

@@ -329,6 +329,7 @@ def test_flag_values_that_would_train_wrong_are_refused(model_dir, gsm8k_dir, tm
     ([{"question": p["question"], "answer": "no marker"} for p in PROBLEMS], "gold answers give no number"),
     ([{"question": p["question"], "answer": "#### 1,2,3"} for p in PROBLEMS], "gold answers give no number"),
     ([{"prompt": p["question"], "answer": p["answer"]} for p in PROBLEMS], "no 'question' column"),
+    ([{"question": p["question"], "solution": p["answer"]} for p in PROBLEMS], "no 'answer' column"),
     ([{"question": None, "answer": p["answer"]} for p in PROBLEMS], "questions are not text"),
 ])
 def test_data_that_cannot_train_is_one_line(model_dir, tmp_path, capsys, rows, message):
@@ -338,16 +339,11 @@ def test_data_that_cannot_train_is_one_line(model_dir, tmp_path, capsys, rows, m
     assert code == 2 and message in err and not out.exists(), err
 
 
-def test_countdown_on_gsm8k_data_names_the_missing_column(model_dir, gsm8k_dir, tmp_path, capsys):
-    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", "--task", "countdown"), capsys)
-    assert code == 2 and "no 'nums' or 'numbers' column" in err
-
-
 def test_a_few_unparsable_golds_are_dropped_with_a_warning_and_numeric_golds_are_read(capsys):
     rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(199)] + [{"question": "q", "answer": "?"}]
-    questions, golds = gh.checked_problems(rows, gh.TASKS["gsm8k"], "data")
+    questions, golds = gh.checked_problems(rows, "data")
     assert len(golds) == 199 and golds[5] == 5.0 and "dropped 1 of 200" in capsys.readouterr().err
-    assert gh.checked_problems([{"question": "q", "answer": 7}], gh.TASKS["gsm8k"], "data")[1] == [7.0]
+    assert gh.checked_problems([{"question": "q", "answer": 7}], "data")[1] == [7.0]
 
 
 # ----- 7. one folder, one run -----
@@ -402,7 +398,7 @@ def test_a_finished_run_is_not_resumed_without_more_steps(run_copy, capsys):
 
 def test_resume_refuses_flags_that_change_what_the_run_learns(run_copy, capsys):
     config = (run_copy / "config.json").read_text()
-    for flag, value in (("--group-size", "2"), ("--task", "countdown"), ("--learning-rate", "0.1")):
+    for flag, value in (("--group-size", "2"), ("--task", "two-step"), ("--learning-rate", "0.1")):
         code, err = main_err(["--resume", run_copy, flag, value, "--max-steps", "3"], capsys)
         assert code == 2 and f"--resume cannot change {flag}" in err
     assert (run_copy / "config.json").read_text() == config
@@ -545,20 +541,6 @@ def test_an_interrupted_torchrun_run_names_the_torchrun_command(tmp_path, monkey
     monkeypatch.setattr(gh, "prepare_run", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(gh.UserError, match=f"resume with: torchrun --nproc_per_node=2 .* --resume {tmp_path}"):
         gh.run_phases(gh.Config(), tmp_path, resume=True)
-
-
-@pytest.mark.parametrize("rows", [
-    [{"nums": ["1", "2", "3"], "target": 6}] * 8,             # numbers as text: no equation could ever score 1
-    [{"nums": [1, 2, 3], "target": "6"}] * 8,
-    [{"nums": [], "target": 6}] * 8,
-])
-def test_countdown_data_that_cannot_score_is_refused_before_anything_is_written(model_dir, tmp_path, capsys, rows):
-    data = gh.write_hub_dataset(tmp_path / "data", {"train": rows, "test": rows[:4]})
-    code, err = main_err([model_dir, "--task", "countdown", "--dataset", data, "--output-dir", tmp_path / "run",
-                          "--device", "cpu"], capsys)
-    assert code == 2 and "give no number" in err and "Countdown needs whole-number nums" in err
-    assert not (tmp_path / "run").exists()
-    assert gh.reward_fn("<answer>1 + 2 + 3</answer>", gh.countdown_gold([1, 2, 3], 6)) == 1.0
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -923,14 +905,14 @@ def test_a_chat_template_without_a_system_role_gets_the_instruction_in_the_user_
 
 def test_plain_prompts_keep_the_instruction_of_tasks_other_than_gsm8k():
     assert gh.build_prompt("Q?") == "Question: Q?\nAnswer: Let's solve this step by step.\n"     # the template's
-    countdown = gh.build_prompt("Q?", None, "plain", gh.COUNTDOWN_INSTRUCTION)
-    assert countdown.startswith(gh.COUNTDOWN_INSTRUCTION) and "<answer>" in countdown and countdown.endswith(
+    generated = gh.build_prompt("Q?", None, "plain", gh.HASH_INSTRUCTION)
+    assert generated.startswith(gh.HASH_INSTRUCTION) and "'#### <number>'" in generated and generated.endswith(
         "Question: Q?\nAnswer: Let's solve this step by step.\n")
 
 
 def test_a_few_empty_questions_are_dropped_like_bad_golds(capsys):
     rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(199)] + [{"question": " ", "answer": "#### 1"}]
-    questions, golds = gh.checked_problems(rows, gh.TASKS["gsm8k"], "data")
+    questions, golds = gh.checked_problems(rows, "data")
     assert len(questions) == 199 and "dropped 1 of 200 problems whose question is empty" in capsys.readouterr().err
 
 
