@@ -81,7 +81,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 # ===== Configuration: every hyperparameter is declared once, here; the command line is generated from it. ==========
 
-
 def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
     return field(default=default, metadata={"help": doc, **argparse_kwargs})
 
@@ -284,7 +283,6 @@ def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, stri
 
 # ===== Part 3: GRPO algorithm (pure tensor functions) ==============================================================
 
-
 # ----- TODO 2: group-relative advantages -----
 def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, advantage_eps=1e-4):
     """Rewards laid out group after group -> advantages of the same layout; equal-reward groups get exactly 0."""
@@ -360,7 +358,6 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
 
 
 # ===== Part 4: training loop: rollout, log-probs, update, train_grpo, evaluation ===================================
-
 
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a completion: the model's generation_config EOS list plus the tokenizer's EOS."""
@@ -564,11 +561,12 @@ def micro_batches(rollout: Rollout, size: int):
         yield rows, int(mask_cols[-1]) + 1 if len(mask_cols) else rollout.attention_mask.shape[1]
 
 
-def rollout_logprobs(scorer, rollout: Rollout, cfg: Config) -> torch.Tensor:
-    """Log-probs of a whole rollout without gradient (old policy or reference), micro-batch by micro-batch."""
+def rollout_logprobs(scorer, rollout: Rollout, cfg: Config, chunks=None) -> torch.Tensor:
+    """Log-probs of a rollout without gradient (old policy, reference, policy after the step), micro-batch by
+    micro-batch; given `chunks` (micro_batches' pairs), of their rows only, the others left 0."""
     out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
     with inference_mode(scorer):
-        for rows, used in micro_batches(rollout, cfg.micro_batch_size):
+        for rows, used in chunks or micro_batches(rollout, cfg.micro_batch_size):
             out[rows, :used] = scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
                                       rollout.prompt_length, cfg.temperature, cfg.logprob_chunk_size)
     return out
@@ -633,24 +631,17 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
         stats["loss"] += epoch_loss / cfg.ppo_epochs
         stats["grad_norm"] += grad_norm / cfg.ppo_epochs
     optimizer.zero_grad(set_to_none=True)
-    stats["policy_kl"] = policy_shift(scorer, rollout, chunks[0], logprobs_before, cfg)
+    # How far the update moved the policy: KL(before || after), k3 on the first micro-batch's sampled tokens. With
+    # one PPO epoch the loss's ratio is 1 by construction, so clipfrac and approx_kl cannot show it.
+    rows, used = chunks[0]
+    after = rollout_logprobs(scorer, rollout, cfg, chunks[:1])[rows, :used]
+    stats["policy_kl"] = masked_token_mean(kl_k3(logprobs_before, after), rollout.loss_mask[rows, :used]).item()
     keys = ("clipfrac", "approx_kl", "kl_ref", "policy_kl")
     *averaged, entropy_sum, entropy_tokens = all_reduce(*(stats[k] for k in keys), float(entropy_sum),
                                                         float(entropy_tokens))
     stats.update(zip(keys, (v / world()[1] for v in averaged)))
     stats["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else None   # no pass ran: not measured
     return stats
-
-
-def policy_shift(scorer, rollout: Rollout, chunk, logprobs_before, cfg: Config) -> float:
-    """How far this step's update moved the policy: KL(before || after) on the first micro-batch's completion tokens
-    (k3 estimate, from the tokens sampled before). With one PPO epoch the loss's ratio is 1 by construction, so
-    clipfrac and approx_kl cannot show it; this costs one forward pass of a micro-batch."""
-    rows, used = chunk
-    with inference_mode(scorer):
-        after = scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used], rollout.prompt_length,
-                       cfg.temperature, cfg.logprob_chunk_size)
-    return masked_token_mean(kl_k3(logprobs_before, after), rollout.loss_mask[rows, :used]).item()
 
 
 def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
@@ -793,7 +784,6 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
 
 # ===== Part 5: main ================================================================================================
 
-
 def main(argv: list[str] | None = None) -> int:
     """`python grpo_homework.py MODEL_PATH [flags]`: the template's flow (run_phases), or --demo, --resume or
     --report on the same pipeline. Bad input, a failure or Ctrl-C ends in one line and exit status 2."""
@@ -930,7 +920,6 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 # WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it the algorithm,
 # in the order a run meets it: command line, run folder and resume, records, plots, devices and torchrun, tasks, demo.
 # ---------------------------------------------------------------------------------------------------------------
-
 
 # ----- Command line and validation -----
 
