@@ -193,7 +193,7 @@ def main():
     for label, key in (("step with spread (generation + update)", "update, every group with spread"),
                        ("step without spread (generation + update)", "update, no group with spread")):
         rows.append((label, *((totals[name]["generation"] + totals[name][key]) / steps for name, _ in paths)))
-    print(f"| phase | previous | today | previous / today |\n|---|---|---|---|")
+    print("| phase | previous | today | previous / today |\n|---|---|---|---|")
     for label, before, now in rows:
         print(f"| {label} | {before:.2f} | {now:.2f} | {before / now:.2f}x |")
     try:

@@ -31,6 +31,16 @@ def run_cli(args, **kwargs):
                           **kwargs)
 
 
+def run_clis(*commands):
+    """Tiny runs side by side, a thread each (a tiny model gains nothing from two): a core each on the suite's two."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS,
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for args in commands]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(procs, outputs)]
+
+
 def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
     out = tmp_path / "run"
     result = run_cli(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "2", "--kl-coef", "0.05", "--plot-every", "1"))
@@ -131,11 +141,12 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
     whole, split, precision = tmp_path / "whole", tmp_path / "split", GPU_PRECISION
     args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4",
             *precision]
-    assert run_cli(tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", "--save-every", "2",
-                             *args)).returncode == 0
-    assert run_cli(tiny_args(warm_model_dir, addition_dir, split, "--max-steps", "2", "--save-every", "2",
-                             *args)).returncode == 0
-    resumed = run_cli(["--resume", str(split), "--max-steps", "4", "--keep-checkpoints", "1"])
+    for result in run_clis(tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", "--save-every", "2",
+                                     *args),
+                           tiny_args(warm_model_dir, addition_dir, split, "--max-steps", "2", "--save-every", "2",
+                                     *args)):
+        assert result.returncode == 0, result.stderr[-2000:]
+    (resumed,) = run_clis(["--resume", str(split), "--max-steps", "4", "--keep-checkpoints", "1"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Resuming from" in resumed.stdout
     from safetensors.torch import load_file

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import grpo_homework as gh
 from conftest import OUR_DEPRECATIONS, PROBLEMS, ROOT, SHARED_GSM8K
-from test_cli import SCRIPT, run_cli, tiny_args
+from test_cli import SCRIPT, tiny_args
 
 
 def main_err(args, capsys):
@@ -87,7 +87,9 @@ SLOW_EVAL = ("--max-new-tokens", "300", "--eval-batch-size", "1", "--max-steps",
 @pytest.mark.parametrize("line, phase", [("Evaluating the starting model on 4 test problems...", "the evaluation before training"),
                                          ("Evaluating the trained model on 4 test problems...",
                                           "the final evaluation and save")])
-def test_ctrl_c_in_either_evaluation_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path, line, phase):
+def test_ctrl_c_in_either_evaluation_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path, capsys, line,
+                                                                      phase):
+    """The Ctrl-C goes to a real process; what follows runs in this one (the suite's time)."""
     out = tmp_path / "run"
     proc = start_cli(tiny_args(model_dir, gsm8k_dir, out, *SLOW_EVAL))
     _, err = interrupt_after_line(proc, line)
@@ -95,16 +97,15 @@ def test_ctrl_c_in_either_evaluation_leaves_a_run_that_resume_finishes(model_dir
     assert err.strip().splitlines()[-1] == f"error: interrupted during {phase}; resume with: python " \
                                            f"grpo_homework.py --resume {out}"
     assert not (out / "eval_after.jsonl").exists() and not (out / "final").exists()
-    again = run_cli(tiny_args(model_dir, gsm8k_dir, out, *SLOW_EVAL))      # the two messages never point at each other
-    assert again.returncode == 2 and f"--resume {out}" in again.stderr
-    resumed = run_cli(["--resume", str(out)])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, *SLOW_EVAL), capsys)  # the messages point at each other
+    assert code == 2 and f"--resume {out}" in err
+    assert gh.main(["--resume", str(out)]) == 0, capsys.readouterr().err[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] and summary["steps"] == 1 and (out / "final" / "model.safetensors").exists()
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1]
     assert len((out / "eval_after.jsonl").read_text().splitlines()) == 4
     if phase.startswith("the final"):      # the checkpoint written before the final evaluation was resumed from
-        assert "Resuming from" in resumed.stdout and (out / "checkpoints" / "step-1").is_dir()
+        assert "Resuming from" in capsys.readouterr().out and (out / "checkpoints" / "step-1").is_dir()
 
 
 def test_a_failure_while_writing_final_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path, capsys,
@@ -587,7 +588,7 @@ def test_a_saved_config_is_validated_like_the_command_line(run_copy, capsys, fie
     saved["config"][field] = value
     (run_copy / "config.json").write_text(json.dumps(saved))
     code, err = main_err(["--resume", run_copy, "--max-steps", "3"], capsys)
-    assert code == 2 and f"must be one of" in err and repr(value) in err
+    assert code == 2 and "must be one of" in err and repr(value) in err
 
 
 def test_a_failure_that_is_not_an_os_error_is_one_line_with_the_resume_command(model_dir, gsm8k_dir, tmp_path,
@@ -602,7 +603,7 @@ def test_a_failure_that_is_not_an_os_error_is_one_line_with_the_resume_command(m
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     monkeypatch.setattr(gh, "generate_completions", sampling_fails)
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
-    assert code == 2 and "failed (probability tensor" in err and f"during training; resume with" in err
+    assert code == 2 and "failed (probability tensor" in err and "during training; resume with" in err
 
 
 def test_a_failure_of_a_library_s_own_kind_while_saving_is_one_line_with_the_resume_command(
@@ -722,7 +723,7 @@ def test_real_gsm8k_as_the_readme_download_leaves_it_loads(tmp_path):
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_stop_after_the_step_checkpoint_and_resume_keeps_every_row(model_dir, gsm8k_dir, tmp_path,
-                                                                                      name):
+                                                                                      capsys, name):
     out = tmp_path / "run"
     proc = start_cli(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "500", "--num-epochs", "200"))
     deadline = time.time() + 120
@@ -736,8 +737,7 @@ def test_sigterm_and_sighup_stop_after_the_step_checkpoint_and_resume_keeps_ever
                                            f"grpo_homework.py --resume {out}"
     steps = len((out / "metrics.jsonl").read_text().splitlines())
     assert (out / "checkpoints" / f"step-{steps}" / "trainer_state.safetensors").exists()
-    resumed = run_cli(["--resume", str(out), "--max-steps", str(steps + 1)])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert gh.main(["--resume", str(out), "--max-steps", str(steps + 1)]) == 0, capsys.readouterr().err[-2000:]
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == \
         list(range(1, steps + 2))
 
