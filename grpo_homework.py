@@ -7,27 +7,25 @@ samples. No value network, no reward model.
 
 Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Advantages: (r - group mean) / (group std + eps), std unbiased; a group of equal rewards gets exactly 0.
-  `--advantage drgrpo` drops the std division (Dr. GRPO).
-- Loss: mean over each completion's tokens, then over completions (`--loss-agg seq-mean`); `token-mean` (DAPO)
-  and `drgrpo` (sum / max-new-tokens) are flags. Old policy: with one PPO epoch (the default) the old log-probs
-  are the current ones detached (ratio exactly 1, no extra pass); `--ppo-epochs N` computes them up front.
+- Loss: mean over each completion's tokens, then over completions (`--loss-agg`: DAPO's token-mean, Dr. GRPO's).
+  With one PPO epoch (the default) the old log-probs are the current ones detached: ratio exactly 1, no extra pass.
 - KL penalty: none by default (`--kl-coef 0`, as TRL and Dr. GRPO default it; the paper uses 0.04): at lr 1e-6
   the policy stays near its start anyway, and no reference model saves a copy of the weights and a forward pass.
 - Masking by position, never by token value (Qwen's pad token is one of its EOS tokens): a completion's tokens
-  up to and including its first EOS count. `--mask-truncated` drops completions cut at `--max-new-tokens`.
-- Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), T = 1, no top-k, top-p
-  or repetition penalty, whatever the model's generation_config says; log-probs are recomputed with the same
-  left padding, attention mask, positions and temperature.
-- Learning rate: linear warm-up over `--lr-warmup-steps`, then constant (or with `--lr-decay`, linear to 0 at the end).
+  up to and including its first EOS count.
+- Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), no top-k, top-p or
+  repetition penalty, whatever the model's generation_config says; log-probs are recomputed with the same left
+  padding, attention mask, positions and temperature.
 - Precision: bf16 weights on GPUs that compute it natively, updated by AdamW in fp32 (in slices) and written
   back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere. Log-softmax in fp32
   over chunks of completion positions, never over a whole (sequences x positions x vocab) tensor.
 - Steps without signal: a step whose groups all scored alike takes no optimizer step (AdamW would replay its
   momentum); `--min-signal-groups N` draws further batches until N groups have reward spread (DAPO). Settings are
   chosen on `--val-size` held-out train problems (`--eval-split validation`), never on the test set.
+- Learning rate: linear warm-up over `--lr-warmup-steps`, then constant (`--lr-decay`: linear to 0 at the end).
 - Full fine-tuning, or `--lora-rank R`: peft's LoRA adapters in the body's linear layers, the rest frozen.
-- A step is 4 prompts x 16 samples in one generate call: generation is launch-bound on a GPU (an H100 took the
-  same 26-31 ms a decode step for 16 or 64 sequences), so 4x the samples cost 1.1-1.2x the step (plots/gpu-h100/).
+- A step is 4 prompts x 16 samples in one generate call: generation is launch-bound on a GPU, so 4x the samples
+  cost 1.1-1.2x the step (plots/gpu-h100/).
 - Memory and speed: gradient checkpointing on CUDA, micro-batches with exact gradient accumulation, KV cache in
   generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
   a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
