@@ -133,8 +133,8 @@ class Config:
     logprob_chunk_size: int = _flag(256, "completion tokens per chunk of the LM head + log-softmax")
     gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
                                         choices=["auto", "on", "off"])
-    dtype: str = _flag("auto", "weights: auto = bfloat16 on CUDA, float32 on CPU",
-                       choices=["auto", "bfloat16", "float32"])
+    dtype: str = _flag("auto", "weights: auto = bfloat16 on GPUs with native bf16 (A100, L4, RTX 30xx on), "
+                       "else float32", choices=["auto", "bfloat16", "float32"])
     # run
     seed: int = _flag(0, "seed for data order, sampling and the demo")
     device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
