@@ -1000,6 +1000,9 @@ def validate_config(cfg: Config) -> None:
             "--eval-split validation scores the --val-size held-out problems: pass --val-size N, at least --eval-size")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device), f"--device must be auto, cpu, cuda or cuda:N: this "
                                                               f"script trains on cpu or cuda only (not {cfg.device!r})")
+    gpus = torch.cuda.device_count()          # here, not when the model loads: the demo warms up first (minutes)
+    require(not cfg.device.startswith("cuda") or int(cfg.device.partition(":")[2] or 0) < gpus,
+            f"--device {cfg.device}: there are {gpus} CUDA GPUs here")
     require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
     require(cfg.output_dir.encode(errors="ignore").decode() == cfg.output_dir,     # tokenizers needs UTF-8 names
             "--output-dir must be a UTF-8 path (the tokenizer's files are written by name)")

@@ -288,6 +288,14 @@ def test_cuda_asked_for_without_a_gpu_is_one_line(monkeypatch):
         gh.pick_device("cuda")
 
 
+def test_the_demo_on_a_gpu_that_is_not_there_is_refused_before_its_warm_up(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(gh, "supervised_warmup", lambda *a, **k: pytest.fail("the warm-up ran"))
+    assert gh.main(["--demo", "--device", "cuda", "--output-dir", str(tmp_path / "demo")]) == 2
+    assert capsys.readouterr().err.strip() == "error: --device cuda: there are 0 CUDA GPUs here"
+    assert not (tmp_path / "demo").exists()
+
+
 def test_a_generated_task_runs_end_to_end_without_a_dataset_under_the_variant_flags(model_dir, tmp_path, capsys):
     out = tmp_path / "two-step"
     code = gh.main([str(model_dir), "--task", "two-step", "--output-dir", str(out), "--device",   # no --dataset
