@@ -564,7 +564,7 @@ def rollout_logprobs(scorer, rollout: Rollout, cfg: Config, chunks=None) -> torc
     micro-batch; given `chunks` (micro_batches' pairs), of their rows only, the others left 0."""
     out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
     with inference_mode(scorer):
-        for rows, used in chunks or micro_batches(rollout, cfg.micro_batch_size):
+        for rows, used in micro_batches(rollout, cfg.micro_batch_size) if chunks is None else chunks:
             out[rows, :used] = scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
                                       rollout.prompt_length, cfg.temperature, cfg.logprob_chunk_size)
     return out
@@ -1682,6 +1682,11 @@ def redraw_report(run_dir: Path) -> None:
     print("\n".join(str(p) for p in written))
 
 
+def recorded_config(run_dir: Path) -> dict:
+    """The settings a run folder recorded (none in a folder without config.json)."""
+    return read_json(run_dir / "config.json").get("config", {}) if (run_dir / "config.json").is_file() else {}
+
+
 def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     """Reward, length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots, with `summary`'s accuracy."""
     import matplotlib
@@ -1695,15 +1700,15 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
         summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     (plots := own_path(run_dir / "plots", folder=True)).mkdir(exist_ok=True)
     steps = [m["step"] for m in metrics]
-    saved = read_json(run_dir / "config.json").get("config", {}) if (run_dir / "config.json").is_file() else {}
-    bonus = saved.get("format_reward") or 0
+    saved = recorded_config(run_dir)
+    bonus, split = saved.get("format_reward") or 0, saved.get("eval_split", "test")
     column = lambda key: [math.nan if m[key] is None else m[key] for m in metrics]   # None: a gap (entropy)
     rewards, window = column("reward_mean"), max(1, len(metrics) // 20)     # a moving mean from 40 steps on
     kl = [("clip fraction", column("clipfrac")), ("approx KL to sampler", column("approx_kl")),
           ("KL, policy before to after the step", column("policy_kl"))] + (
         [("k3 KL to reference", column("kl_ref"))] if "kl_ref" in metrics[0] else [])
     moving = [sum(rewards[max(0, i + 1 - window):i + 1]) / min(i + 1, window) for i in range(len(rewards))]
-    accuracy = [(f"greedy test accuracy {when} ({summary[key]:.1%})", summary[key], color) for when, key, color in
+    accuracy = [(f"greedy {split} accuracy {when} ({summary[key]:.1%})", summary[key], color) for when, key, color in
                 (("before", "accuracy_before", "tab:red"), ("after", "accuracy_after", "tab:green")) if key in summary]
     figures = {   # name: title, y label, [(label, values)], horizontal lines
         "reward.png": ("Mean reward of sampled completions" + (f" (1 if right, + {bonus} if well formed)" if bonus
@@ -1759,7 +1764,8 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
     pairs = list(zip(before, after))
     same_problems(before, after)
     lines = ["# Answers before and after training", "",
-             f"Greedy decoding on {len(pairs)} test problems: {sum(b['correct'] for b, _ in pairs)} correct before, "
+             f"Greedy decoding on {len(pairs)} {recorded_config(run_dir).get('eval_split', 'test')} problems: "
+             f"{sum(b['correct'] for b, _ in pairs)} correct before, "
              f"{sum(a['correct'] for _, a in pairs)} after.", ""]
 
     def cell(r: dict) -> str:
@@ -2219,7 +2225,7 @@ def checked_problems(rows, where: str) -> tuple[list[str], list]:
     that are not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
     columns = set(rows.column_names) if hasattr(rows, "column_names") else set(rows[0]) if len(rows) else set()
     if len(rows) and (missing := sorted({"question", "answer"} - columns)):
-        raise UserError(f"{where} has no {' or '.join(map(repr, missing))} column (GSM8K's are 'question' and "
+        raise UserError(f"{where} has no {' and no '.join(map(repr, missing))} column (GSM8K's are 'question' and "
                         f"'answer'; it has {sorted(columns)})")
     def few(bad: list[int], refused: str, dropped: str, show: Callable[[int], str] = lambda i: "", hint="") -> set:
         """A few broken rows are dropped with a warning; more than 1% means wrong data, refused in one line."""

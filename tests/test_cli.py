@@ -37,7 +37,12 @@ def run_clis(*commands):
            "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for args in commands]
-    outputs = [p.communicate(timeout=300) for p in procs]
+    try:
+        outputs = [p.communicate(timeout=300) for p in procs]
+    finally:                 # a hung run must not burn the cores the rest of the suite needs
+        for p in procs:
+            p.kill()
+            p.wait()
     return [subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(procs, outputs)]
 
 
@@ -376,6 +381,7 @@ def test_validation_problems_are_the_first_of_the_train_split_and_never_trained_
     assert validation == [p["question"] for p in PROBLEMS[:3]]
     assert len(prompts_trained) == 2 * 2 and not any(q in p for q in validation for p in prompts_trained)
     assert all(any(p["question"] in t for p in PROBLEMS[3:]) for t in prompts_trained)
+    assert "Greedy decoding on 3 validation problems: " in (out / "before_after.md").read_text()   # not "test"
 
 
 @pytest.mark.parametrize("flags, message", [

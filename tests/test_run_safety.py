@@ -97,7 +97,7 @@ def test_ctrl_c_in_either_evaluation_leaves_a_run_that_resume_finishes(model_dir
     assert err.strip().splitlines()[-1] == f"error: interrupted during {phase}; resume with: python " \
                                            f"grpo_homework.py --resume {out}"
     assert not (out / "eval_after.jsonl").exists() and not (out / "final").exists()
-    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, *SLOW_EVAL), capsys)  # the messages point at each other
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, *SLOW_EVAL), capsys)  # no loop: it points at --resume
     assert code == 2 and f"--resume {out}" in err
     assert gh.main(["--resume", str(out)]) == 0, capsys.readouterr().err[-2000:]
     summary = json.loads((out / "summary.json").read_text())
