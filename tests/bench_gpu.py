@@ -137,9 +137,12 @@ def continuous_batching(model, rows: torch.Tensor, config) -> tuple[torch.Tensor
     and the seconds from submitting the prompts to the last result. What `generate_batch` does, with the
     manager's start and its stop (which waits up to 5 s for its thread) left out of the time."""
     from transformers import ContinuousBatchingConfig
+    # On a GPU the paged cache takes what memory is free, as in a real run; on a CPU (the smoke test) that would be
+    # a share of all RAM, gigabytes to zero-fill, so there it holds just these rows.
+    size = {} if rows.is_cuda else {"num_blocks": len(rows) * (1 + (rows.shape[1] + config.max_new_tokens) // 256)}
     with gh.inference_mode(model), model.continuous_batching_context_manager(
             generation_config=config, block=False,
-            continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True)) as manager:
+            continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **size)) as manager:
         sync(rows.device)
         t0 = time.perf_counter()
         ids = manager.add_requests(inputs=rows.tolist(), max_new_tokens=config.max_new_tokens)
