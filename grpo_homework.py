@@ -7,7 +7,7 @@ samples. No value network, no reward model.
 
 Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Advantages: (r - group mean) / (group std + eps), std unbiased; a group of equal rewards gets exactly 0.
-- Loss: mean over each completion's tokens, then over completions (`--loss-agg`: DAPO's token-mean, Dr. GRPO's).
+- Loss: mean over each completion's tokens, then over completions; `--loss-agg` has DAPO's and Dr. GRPO's too.
   With one PPO epoch (the default) the old log-probs are the current ones detached: ratio exactly 1, no extra pass.
 - KL penalty: none by default (`--kl-coef 0`, as TRL and Dr. GRPO default it; the paper uses 0.04): at lr 1e-6
   the policy stays near its start anyway, and no reference model saves a copy of the weights and a forward pass.
@@ -133,8 +133,8 @@ class Config:
     logprob_chunk_size: int = _flag(256, "completion tokens per chunk of the LM head + log-softmax")
     gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
                                         choices=["auto", "on", "off"])
-    dtype: str = _flag("auto", "weights: auto = bfloat16 on GPUs with native bf16 (A100, L4, RTX 30xx on), "
-                       "else float32", choices=["auto", "bfloat16", "float32"])
+    dtype: str = _flag("auto", "weights: auto = bfloat16 on GPUs that compute it natively (A100, L4, RTX 30xx and "
+                       "newer), else float32", choices=["auto", "bfloat16", "float32"])
     # run
     seed: int = _flag(0, "seed for data order, sampling and the demo")
     device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
