@@ -1000,9 +1000,7 @@ def validate_config(cfg: Config) -> None:
             "--eval-split validation scores the --val-size held-out problems: pass --val-size N, at least --eval-size")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device), f"--device must be auto, cpu, cuda or cuda:N: this "
                                                               f"script trains on cpu or cuda only (not {cfg.device!r})")
-    gpus = torch.cuda.device_count()          # here, not when the model loads: the demo warms up first (minutes)
-    require(not cfg.device.startswith("cuda") or int(cfg.device.partition(":")[2] or 0) < gpus,
-            f"--device {cfg.device}: there are {gpus} CUDA GPUs here")
+    require_gpu(cfg.device)          # here, not only when the model loads: the demo warms up first (minutes)
     require(cfg.output_dir.strip() != "", "--output-dir must name a folder (it is empty)")
     require(cfg.output_dir.encode(errors="ignore").decode() == cfg.output_dir,     # tokenizers needs UTF-8 names
             "--output-dir must be a UTF-8 path (the tokenizer's files are written by name)")
@@ -1792,6 +1790,12 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
 
 # ----- Devices, precision and memory: bf16 with stochastic rounding, out-of-memory, the chunked log-prob path -----
 
+def require_gpu(name: str) -> None:
+    """UserError in one line if --device NAME (cuda or cuda:N) asks for a GPU this machine does not have."""
+    if name.startswith("cuda") and int(name.partition(":")[2] or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs here")
+
+
 def pick_device(name: str) -> torch.device:
     if world()[1] > 1 and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))          # torchrun: one GPU per process
@@ -1800,8 +1804,7 @@ def pick_device(name: str) -> torch.device:
               "Qwen2.5-1.5B)", file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     if device.type == "cuda":
-        if (device.index or 0) >= torch.cuda.device_count():
-            raise UserError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs here")
+        require_gpu(name)
         index = torch.cuda.current_device() if device.index is None else device.index   # set_device needs one
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
@@ -2255,26 +2258,24 @@ def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path
     return folder
 
 
-NAMES = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
-ITEMS = ["apples", "books", "coins", "pens", "cards", "shells"]
-
-
 def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), steps: int = 1) -> list[dict]:
     """Distinct word problems with GSM8K-style answers: one step (a + b) or two (a + b * c, a - b + c)."""
+    names = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
+    items = ["apples", "books", "coins", "pens", "cards", "shells"]
     problems, seen = [], set(exclude)
     while len(problems) < n:
         if steps == 1:
-            a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(NAMES), rng.choice(ITEMS)
+            a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(names), rng.choice(items)
             question = f"{name} has {a} {item} and gets {b} more. How many now?"
             work = [f"{a} + {b} = {a + b}"]
         elif rng.random() < 0.5:
-            a, b, c, name, item = rng.randint(2, 20), rng.randint(2, 5), rng.randint(2, 9), rng.choice(NAMES), \
-                rng.choice(ITEMS)
+            a, b, c, name, item = rng.randint(2, 20), rng.randint(2, 5), rng.randint(2, 9), rng.choice(names), \
+                rng.choice(items)
             question = (f"{name} has {a} {item}. {name} buys {b} boxes with {c} {item} in each. How many {item} "
                         f"does {name} have now?")
             work = [f"{b} * {c} = {b * c}", f"{a} + {b * c} = {a + b * c}"]
         else:
-            a, name, item = rng.randint(10, 40), rng.choice(NAMES), rng.choice(ITEMS)
+            a, name, item = rng.randint(10, 40), rng.choice(names), rng.choice(items)
             b, c = rng.randint(1, a - 1), rng.randint(1, 20)
             question = (f"{name} has {a} {item}, gives {b} to a friend, then finds {c} more. How many {item} does "
                         f"{name} have now?")
