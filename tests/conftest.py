@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny real Qwen2 model and tokenizer on disk, and a few GSM8K-format problems in hub layout."""
+import os
 import random
 import sys
 from pathlib import Path
@@ -17,6 +18,11 @@ SHARED_GSM8K = ROOT.parent / "shared" / "gsm8k"
 # on the newest transformers it is the API that goes away next.
 OUR_DEPRECATIONS = ",".join(f"error::{kind}:{module}" for kind in ("FutureWarning", "DeprecationWarning")
                             for module in ("grpo_homework", "__main__"))
+
+
+def cli_env(**extra: str) -> dict:
+    """The environment of a CLI subprocess: output unbuffered, no progress bars, our deprecations errors."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS, **extra}
 
 
 def pytest_configure(config):

@@ -1,6 +1,5 @@
 """The command line as users run it: real subprocess runs on the tiny model, bad input, resume, Ctrl-C, OOM."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import grpo_homework as gh
-from conftest import OUR_DEPRECATIONS, PROBLEMS, ROOT
+from conftest import PROBLEMS, ROOT, cli_env
 
 SCRIPT = str(ROOT / "grpo_homework.py")
 PROGRESS = ["Loading tokenizer and model...", "Loading dataset...", "Setting up optimizer...",
@@ -26,15 +25,14 @@ def tiny_args(model_dir, gsm8k_dir, out, *extra):
 
 
 def run_cli(args, **kwargs):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS}
+    env = cli_env()
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=300,
                           **kwargs)
 
 
 def run_clis(*commands):
     """Tiny runs side by side, a thread each (a tiny model gains nothing from two): a core each on the suite's two."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS,
-           "OMP_NUM_THREADS": "1"}
+    env = cli_env(OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for args in commands]
     try:
@@ -181,7 +179,7 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(warm_model_dir, 
 def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, tmp_path):
     """In the GPU job's precision, where the optimizer's fp32 state must survive the checkpoint."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS}
+    env = cli_env()
     proc = subprocess.Popen([sys.executable, SCRIPT, *tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "500",
                                                                  "--num-epochs", "200", *GPU_PRECISION)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

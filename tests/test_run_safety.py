@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import grpo_homework as gh
-from conftest import OUR_DEPRECATIONS, PROBLEMS, ROOT, SHARED_GSM8K
+from conftest import PROBLEMS, ROOT, SHARED_GSM8K, cli_env
 from test_cli import SCRIPT, tiny_args
 
 
@@ -59,7 +59,7 @@ def no_process_outlives_its_test():
 
 
 def start_cli(args):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS}
+    env = cli_env()
     STARTED.append(subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env=env))
     return STARTED[-1]

@@ -1,13 +1,12 @@
 """Several processes through torchrun (gloo on CPU): the same script, data-parallel, on the tiny model."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import OUR_DEPRECATIONS, ROOT
+from conftest import ROOT, cli_env
 from test_cli import GPU_PRECISION, SCRIPT, tiny_args
 from torchrun_worker import tiny_policy, update_once
 
@@ -15,8 +14,7 @@ WORKER = str(ROOT / "tests" / "torchrun_worker.py")
 
 
 def torchrun(*args, timeout=300):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "PYTHONWARNINGS": OUR_DEPRECATIONS,
-           "OMP_NUM_THREADS": "1"}
+    env = cli_env(OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            *args], capture_output=True, text=True, env=env, timeout=timeout)
 
