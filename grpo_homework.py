@@ -30,7 +30,7 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
   a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
   generation, and in the update its completions packed behind the prompt, each seeing the prompt and itself.
-- Several GPUs (torchrun): DDP or FSDP; each process holds whole groups, so advantages need no communication.
+- Several GPUs (torchrun): DDP; each process holds whole groups, so advantages need no communication.
 
 Run:
     python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2 min)
@@ -38,7 +38,7 @@ Run:
     python grpo_homework.py SMOLLM2_PATH --task arithmetic --device cpu ...   # a real small model on a CPU (README)
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
     python grpo_homework.py --resume RUN_DIR           # finish a run stopped in any phase, or train it further
-    torchrun --nproc_per_node=N grpo_homework.py MODEL_PATH [--parallel fsdp]   # N GPUs, data-parallel
+    torchrun --nproc_per_node=N grpo_homework.py MODEL_PATH   # N GPUs, data-parallel (DDP)
 
 The homework comes first: configuration, then Parts 1-5 with TODOs 1-5 and main, in the data's path. It ends at
 the banner "WHAT SUPPORTS THE RUN"; below it, what a real run needs around the algorithm, by concern.
@@ -143,9 +143,7 @@ class Config:
     keep_checkpoints: int = _flag(0, "keep only the newest N checkpoints, deleting older ones (0 = keep all)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
-    # several processes (torchrun)
-    parallel: str = _flag("ddp", "under torchrun: ddp keeps a full replica per process; fsdp shards weights, "
-                          "gradients and optimizer state", choices=["ddp", "fsdp"])
+    # several processes (torchrun: DDP, a full replica per process)
     check_replicas: bool = _flag(False, "under torchrun: stop if the processes' weights differ after a step")
 
 
@@ -518,7 +516,7 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 
 class PolicyLogprobs(torch.nn.Module):
-    """compute_logprobs_from_model as a module call, so that DDP or FSDP wrapping it sees the forward pass (it calls
+    """compute_logprobs_from_model as a module call, so that DDP wrapping it sees the forward pass (it calls
     the model's body and LM-head weight, never the model's forward, which a wrapped model would hook)."""
 
     def __init__(self, model):
@@ -533,8 +531,8 @@ class PolicyLogprobs(torch.nn.Module):
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     """The rollout less its rows whose gradient is exactly 0: no token in the loss (cut, under --mask-truncated) or
     advantage 0 (groups of equal rewards; not with a KL penalty, which pulls on every token); the loss is still
-    normalized by the full batch. Under torchrun all keep as many rows as the process with the most: FSDP needs as
-    many forwards on every process."""
+    normalized by the full batch. Under torchrun all keep as many rows as the process with the most, so that one
+    without signal still runs the pass in which DDP averages the gradients."""
     keep = rollout.loss_mask.any(1).to(rollout.advantages.device) & ((rollout.advantages != 0) | (cfg.kl_coef > 0))
     (needed,) = all_reduce(keep.sum().item(), op="max")
     if needed == len(keep):
@@ -618,8 +616,7 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
             stats["clipfrac"] += weight / covered * mb_stats["clipfrac"] / cfg.ppo_epochs
             stats["approx_kl"] += weight / covered * mb_stats["approx_kl"] / cfg.ppo_epochs
         epoch_loss = all_reduce(epoch_loss)[0] / world()[1]         # every process decides the same skip
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
         if not (math.isfinite(epoch_loss) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)        # a non-finite step is never applied
             stats["skipped"] += 1
@@ -669,7 +666,7 @@ class TrainingInterrupted(Exception):
 @dataclass(kw_only=True)
 class LoopExtras:
     """What a full run hands train_grpo beyond the template's arguments; the defaults give the plain loop."""
-    scorer: Any = None                  # the policy's PolicyLogprobs, wrapped in DDP/FSDP under torchrun
+    scorer: Any = None                  # the policy's PolicyLogprobs, wrapped in DDP under torchrun
     ref_model: Any = None               # frozen starting model for the KL penalty (--kl-coef)
     scheduler: Any = None               # learning-rate schedule, stepped once per step
     start: dict = field(default_factory=lambda: {"step": 0, "epoch": 0, "batch_in_epoch": 0})   # resume here
@@ -695,10 +692,9 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
 
     def sample_and_score(batch) -> Rollout:
         # 1. Sample group_size completions of each prompt from the current policy.
-        with full_weights(scorer):
-            sample = halve_on_oom(cfg, "generation_batch_size", lambda: generate_completions(
-                model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
+        sample = halve_on_oom(cfg, "generation_batch_size", lambda: generate_completions(
+            model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+            max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
         # 2. Reward each completion: is its final number its prompt's gold answer?
         golds = [gold for gold in batch["answers"] for _ in range(group_size)]       # one per completion
         rewards = compute_reward(sample["completions"], golds, format_reward=cfg.format_reward,
@@ -854,7 +850,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
     model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
-    scorer = wrap_for_processes(PolicyLogprobs(model), cfg, device)
+    scorer = wrap_for_processes(PolicyLogprobs(model), device)
 
     print("Loading dataset...")
     task, rank, world_size = TASKS[cfg.task], *world()
@@ -992,8 +988,6 @@ def validate_config(cfg: Config) -> None:
                                                               "pip install peft")
         require(cfg.lora_alpha > 0 and cfg.lora_targets.strip(", ") != "", "--lora-alpha must be positive and "
                                                                             "--lora-targets name layers")
-        require(cfg.parallel != "fsdp", "--lora-rank with --parallel fsdp is not supported: use --parallel ddp (the "
-                                        "adapters and their optimizer state are small)")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
     require(cfg.eval_split == "test" or 0 < cfg.val_size and cfg.eval_size <= cfg.val_size,
@@ -1246,7 +1240,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         if len(state["rng"]) != world_size:
             raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
                             f"(now {world_size}), or the data and samples would not continue where they stopped")
-        whole_state(run.scorer, run.optimizer, load=state["optimizer"])
+        run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"][rank], run.optimizer)
         run.start = {k: state[k] for k in run.start}
@@ -1310,8 +1304,7 @@ def evaluate_before(run: Run) -> None:
         same_problems(read_jsonl(run.run_dir / "eval_before.jsonl"), [{"question": q} for q in run.eval_set.questions])
     if before is None:
         print(f"Evaluating the starting model on {len(run.eval_set)} {run.cfg.eval_split} problems...")
-        with full_weights(run.scorer):
-            before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, desc="eval before")
+        before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, desc="eval before")
         write_jsonl(run.run_dir / "eval_before.jsonl", records)
     print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} {run.cfg.eval_split} problems, "
           f"format {before['format_rate']:.0%})")
@@ -1323,7 +1316,7 @@ def evaluate_before(run: Run) -> None:
 def checkpoint_now(run: Run) -> None:
     if run.last_record is not None and run.last_record["step"] != run.saved_step:
         save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
-                        run.scorer, run.rng)
+                        run.rng)
         run.saved_step = run.last_record["step"]
         for old in saved_checkpoints(run.run_dir)[:-run.cfg.keep_checkpoints] if is_main() else []:   # [:-0] is empty
             shutil.rmtree(own_path(old, folder=True))
@@ -1379,14 +1372,13 @@ def finish_run(run: Run) -> None:
     print("Training completed!")
     checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
-    with full_weights(run.scorer):
-        after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
+    after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
     print(f"Accuracy before training: {run.summary['accuracy_before']:.2%}")
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(read_jsonl(run_dir / "eval_before.jsonl"), after_records))[:cfg.show_examples]:
         print(f"\nQ: {b['question']}\n   gold {show_number(b['gold'])} | before: {show(b)} | after: {show(a)}")
-    replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, run.scorer, final=True))
+    replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, final=True))
     run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
@@ -1533,29 +1525,15 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, ro
     return record
 
 
-def whole_state(scorer, optimizer=None, load: dict | None = None):
-    """The optimizer's state (or the model's, given no optimizer), or `load` put back. Under FSDP it is gathered
-    whole on the main process, or spread back; unsharded, the model's is None (save_pretrained reads the weights)."""
-    if not hasattr(scorer, "unshard"):        # not FSDP
-        return optimizer.load_state_dict(load) if load is not None else optimizer.state_dict() if optimizer else None
-    from torch.distributed.checkpoint import state_dict as sd
-    options = sd.StateDictOptions(full_state_dict=True, cpu_offload=load is None)
-    if load is not None:
-        return sd.set_optimizer_state_dict(scorer, optimizer, load, options=options)
-    return sd.get_optimizer_state_dict(scorer, optimizer, options=options) if optimizer else \
-        {k.removeprefix("policy."): v for k, v in sd.get_model_state_dict(scorer, options=options).items()}
-
-
-def save_model(path: Path, model, tokenizer, scorer=None, final: bool = False) -> None:
-    """save_pretrained on the main process; under FSDP the shards are first gathered there. Under LoRA a checkpoint
-    holds the adapters; `final` holds them in adapter/ and the model with them merged in, which loads without peft."""
+def save_model(path: Path, model, tokenizer, final: bool = False) -> None:
+    """save_pretrained on the main process. Under LoRA a checkpoint holds the adapters; `final` holds them in
+    adapter/ and the model with them merged in, which loads without peft."""
     adapters = model.__dict__.get("peft_model")
-    state = whole_state(scorer)
     if is_main():
         if adapters is not None:
             adapters.save_pretrained(path / "adapter" if final else path)
         if adapters is None or final:
-            (adapters.merge_and_unload() if adapters is not None else model).save_pretrained(path, state_dict=state)
+            (adapters.merge_and_unload() if adapters is not None else model).save_pretrained(path)
         tokenizer.save_pretrained(path)
 
 
@@ -1594,7 +1572,8 @@ TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 
 def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
-    """replace_file for a folder. Every process takes part in write (FSDP gathers); the main process renames."""
+    """replace_file for a folder. Every process takes part in write (it gathers their random streams); the main
+    process renames."""
     tmp = path.with_name(path.name + ".tmp")
     if is_main():
         for folder in (path, tmp):
@@ -1613,15 +1592,15 @@ def rng_state(optimizer) -> dict:
             "rounding": optimizer.rounding_state() if hasattr(optimizer, "rounding_state") else {}}
 
 
-def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, scorer=None,
+def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict,
                     rng: dict | None = None) -> Path:
     """Everything needed to continue bit-for-bit: weights, optimizer, schedule, data position, random streams
     (`rng`, as the step left them; now, if not given)."""
     from safetensors.torch import save_file
 
     def write(tmp: Path) -> None:
-        save_model(tmp, model, tokenizer, scorer)
-        state = {"optimizer": whole_state(scorer, optimizer),
+        save_model(tmp, model, tokenizer)
+        state = {"optimizer": optimizer.state_dict(),
                  "scheduler": scheduler.state_dict(), "rng": gather_objects(rng or rng_state(optimizer)),   # by rank
                  **{k: record[k] for k in ("step", "epoch", "batch_in_epoch")}}
         if is_main():
@@ -1870,9 +1849,8 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                                  exp_avg_sq=torch.zeros_like(p, dtype=torch.float32))
                 state["step"] += 1
                 bias1, bias2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
-                # An FSDP shard (a DTensor) is updated through this process's part of it.
-                weight, grad, exp_avg, exp_avg_sq = (t.to_local().view(-1) if hasattr(t, "to_local") else t.view(-1)
-                                                     for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
+                weight, grad, exp_avg, exp_avg_sq = (t.view(-1) for t in (p, p.grad, state["exp_avg"],
+                                                                          state["exp_avg_sq"]))
                 for s in range(0, weight.numel(), self.SLICE):
                     part = slice(s, s + self.SLICE)
                     g = grad[part].float()
@@ -1933,9 +1911,9 @@ def optimizer_step(model, optimizer) -> None:
         gib = lambda params, size=0: sum(p.numel() * (size or p.element_size()) for p in params) / 2**30
         raise UserError(f"out of memory in the optimizer step: weights {gib(model.parameters()):.1f} GiB + gradients "
                         f"{gib(trained):.1f} GiB + AdamW moments {gib(trained, 8):.1f} GiB (fp32) do not fit beside "
-                        f"the rest. Smaller batches do not help here; a smaller model, --dtype bfloat16 if the weights "
-                        f"are float32, no --kl-coef (its reference model), or torchrun --parallel fsdp would. This "
-                        f"step was not applied and no checkpoint was written after it") from None
+                        f"the rest. Smaller batches do not help here; --lora-rank 16 (adapters only), --dtype bfloat16 "
+                        f"if the weights are float32, no --kl-coef (its reference model) or a smaller model would. "
+                        f"This step was not applied and no checkpoint was written after it") from None
 
 
 def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
@@ -2136,19 +2114,9 @@ def all_reduce(*values: float, op: str = "sum") -> list[float]:
     return [(max if op == "max" else sum)(map(float, column)) for column in zip(*gather_objects(values))]
 
 
-def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device) -> torch.nn.Module:
-    """DDP (a replica per process; it broadcasts rank 0's weights, so replicas start identical) or FSDP."""
+def wrap_for_processes(scorer: PolicyLogprobs, device: torch.device) -> torch.nn.Module:
+    """DDP: a replica per process; it broadcasts rank 0's weights, so replicas start identical."""
     if world()[1] == 1:
-        return scorer
-    if cfg.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-        for layer in getattr(scorer.policy.base_model, "layers", []):
-            fully_shard(layer)
-        fully_shard(scorer)
-        with torch.no_grad():     # FSDP must first run through its root; generate() would enter at the layers
-            ones = torch.ones(1, 2, dtype=torch.long, device=device)
-            scorer(ones, ones, 1, 1.0, cfg.logprob_chunk_size)
-        scorer.reshard()          # the root stays gathered after a forward; the optimizer must see the shards
         return scorer
     from torch.nn.parallel import DistributedDataParallel
     return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
@@ -2157,26 +2125,14 @@ def wrap_for_processes(scorer: PolicyLogprobs, cfg: Config, device: torch.device
 def gradient_sync(scorer, enabled: bool) -> None:
     """Set whether the next forward and backward all-reduce gradients: only the last micro-batch of a step does
     (the others accumulate locally first). Each micro-batch sets it, so an interrupted step leaves nothing wrong."""
-    if hasattr(scorer, "set_requires_gradient_sync"):          # FSDP
-        scorer.set_requires_gradient_sync(enabled)
-    elif hasattr(scorer, "require_backward_grad_sync"):         # DDP: what its no_sync() context sets
+    if hasattr(scorer, "require_backward_grad_sync"):         # DDP: what its no_sync() context sets
         scorer.require_backward_grad_sync = enabled
-
-
-@contextlib.contextmanager
-def full_weights(scorer):
-    """Under FSDP, gather the whole model while generate() uses it; no-op otherwise."""
-    with contextlib.ExitStack() as regather:
-        if hasattr(scorer, "unshard"):        # FSDP: the weights live in shards
-            scorer.unshard()
-            regather.callback(scorer.reshard)
-        yield
 
 
 def check_replicas(model, step: int) -> float:
     """A weight checksum, compared across processes; UserError if any process holds other weights."""
-    local = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-    sums = torch.stack([torch.stack([t.detach().double().sum(), t.detach().double().square().sum()]) for t in local])
+    sums = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+                        for p in model.parameters()])
     checksums = gather_objects(sums.cpu())
     if any(not torch.equal(c, checksums[0]) for c in checksums):
         raise UserError(f"--check-replicas: the processes' weights differ after step {step}")

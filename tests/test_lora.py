@@ -80,7 +80,6 @@ def test_a_lora_resume_ends_bit_identical_in_bf16_and_refuses_another_rank(warm_
 @pytest.mark.parametrize("flags, message", [
     (["--lora-rank", "-1"], "--lora-rank must not be negative"),
     (["--lora-rank", "4", "--lora-alpha", "0"], "--lora-alpha must be positive"),
-    (["--lora-rank", "4", "--parallel", "fsdp"], "--lora-rank with --parallel fsdp is not supported"),
     (["--lora-rank", "4", "--lora-targets", "no_such_layer"], "no_such_layer")])
 def test_lora_flags_that_cannot_work_are_one_line(model_dir, gsm8k_dir, tmp_path, capsys, flags, message):
     assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", *flags)) == 2

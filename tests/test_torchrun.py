@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 import torch
 
 from conftest import ROOT, cli_env
@@ -19,20 +18,24 @@ def torchrun(*args, timeout=300):
                            *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_processes_with_two_prompts_each_equal_one_process_with_all_four(tmp_path, parallel):
+def test_two_processes_with_two_prompts_each_equal_one_process_with_all_four(tmp_path):
     out = tmp_path / "weights.pt"
-    result = torchrun(WORKER, "update", str(out), parallel)
+    result = torchrun(WORKER, "update", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     two_processes = torch.load(out)
     start = {name: p.detach() for name, p in tiny_policy()[1].named_parameters()}
     for loss_agg in ("seq-mean", "token-mean"):
-        one_process = update_once(loss_agg, "ddp")
+        one_process = update_once(loss_agg)
         moved = [k for k in one_process if not torch.equal(one_process[k], start[k])]
         assert len(moved) >= len(one_process) - 1, "the step must move (almost) every weight"
         for name, weight in one_process.items():
             torch.testing.assert_close(two_processes[loss_agg][name], weight, rtol=1e-5, atol=1e-6, msg=name)
-    for name, weight in update_once("seq-mean", "ddp", silent=True).items():   # no pass, no step, no process hung
+    adapters = update_once("seq-mean", lora=True)          # LoRA: B starts at 0, so one step moves B alone
+    assert len(adapters) == 2 * 7 * 2 and two_processes["lora"].keys() == adapters.keys()   # A, B x 7 x 2 layers
+    assert all(w.abs().sum() > 0 for name, w in adapters.items() if "lora_B" in name)
+    for name, weight in adapters.items():
+        torch.testing.assert_close(two_processes["lora"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    for name, weight in update_once("seq-mean", silent=True).items():   # no pass, no step, no process hung
         assert torch.equal(weight, start[name]), name
         torch.testing.assert_close(two_processes["silent"][name], weight, rtol=0, atol=1e-7, msg=name)
 
@@ -46,17 +49,13 @@ def test_check_replicas_catches_differing_weights_and_oom_is_reported_not_retrie
     assert "under torchrun: lower --micro-batch-size (now 8)" in oom
 
 
-@pytest.mark.parametrize("parallel", ["ddp-lora", "fsdp"])
-def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(warm_model_dir, addition_dir, tmp_path,
-                                                                             parallel):
-    """In the GPU job's precision: bf16 weights whose steps are rounded stochastically, gradient checkpointing.
-    FSDP trains every weight; DDP trains LoRA adapters (their final/ is the merged model), since full fine-tuning
-    under DDP is test_two_processes_...'s and LoRA is what a small multi-GPU box would run."""
+def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(warm_model_dir, addition_dir, tmp_path):
+    """In the GPU job's precision: bf16 weights whose steps are rounded stochastically (each process draws the same
+    rounding noise, or the replicas would part), gradient checkpointing; every weight trains. LoRA under DDP is
+    test_two_processes_...'s."""
     whole, split = tmp_path / "whole", tmp_path / "split"
-    lora = ["--lora-rank", "4", "--learning-rate", "1e-2"] if parallel.endswith("lora") else []
     args = ["--prompt-style", "plain", "--train-size", "0", "--batch-size", "4", "--learning-rate", "5e-4",
-            "--check-replicas", "--save-every", "2", "--parallel", parallel.removesuffix("-lora"), *GPU_PRECISION,
-            *lora]
+            "--check-replicas", "--save-every", "2", *GPU_PRECISION]
     result = torchrun(SCRIPT, *tiny_args(warm_model_dir, addition_dir, whole, "--max-steps", "4", *args))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Training completed!") == 1                 # one process prints

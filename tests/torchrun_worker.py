@@ -1,9 +1,9 @@
 """Run under `torchrun --nproc_per_node=2` by test_torchrun.py; not a test module itself.
 
-update OUT PARALLEL: one grpo_update on fixed rollouts (4 prompts x group 4), each process holding two groups;
+update OUT: one grpo_update on fixed rollouts (4 prompts x group 4), each process holding two groups;
     rank 0's second group and both of rank 1's have no reward spread, so rank 0 leaves one group out of the
     update and rank 1 runs zero-advantage rows to keep in step; rank 0 saves the weights after an SGD step of
-    lr 1 (so weights moved by exactly minus the averaged gradient) for each loss reduction.
+    lr 1 (so weights moved by exactly minus the averaged gradient) for each loss reduction, and under LoRA.
 desync OUT: perturb rank 1's weights and check that check_replicas notices; an out-of-memory error is not
     retried at a smaller size under torchrun (processes would fall out of step) but reported.
 """
@@ -48,23 +48,26 @@ def tiny_policy():
     return tokenizer, gh.build_tiny_model(tokenizer, seed=0, hidden=32, layers=2)
 
 
-def update_once(loss_agg: str, parallel: str, rows: slice | None = None, silent: bool = False) -> dict:
-    """Weights after one step from the shared start, on all rows (one process) or on this rank's rows.
+def update_once(loss_agg: str, rows: slice | None = None, silent: bool = False, lora: bool = False) -> dict:
+    """Weights after one step from the shared start, on all rows (one process) or on this rank's rows; with
+    `lora`, the adapters' (rank 4 in every linear layer) after a step that trains only them.
 
     silent: no group has reward spread on any process, so no process runs a pass or an optimizer step: AdamW (lr
     0.1, weight decay 0.1), which would move every weight by its decay, leaves them all as they were."""
     tokenizer, model = tiny_policy()
-    cfg = gh.Config(loss_agg=loss_agg, parallel=parallel, micro_batch_size=3, max_new_tokens=6, max_grad_norm=1e9)
-    scorer = gh.wrap_for_processes(gh.PolicyLogprobs(model), cfg, torch.device("cpu"))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    cfg = gh.Config(loss_agg=loss_agg, micro_batch_size=3, max_new_tokens=6, max_grad_norm=1e9,
+                    lora_rank=4 if lora else 0)
+    if lora:
+        model = gh.with_lora(model, cfg, None)
+    scorer = gh.wrap_for_processes(gh.PolicyLogprobs(model), torch.device("cpu"))
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     rollout = fixed_rollout(tokenizer)
     if silent:
         rollout.advantages.zero_()
         optimizer = gh.build_optimizer(model.parameters(), lr=0.1)
         optimizer.param_groups[0]["weight_decay"] = 0.1
     gh.grpo_update(model, optimizer, take_rows(rollout, rows) if rows else rollout, cfg, scorer=scorer)
-    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in model.named_parameters()}
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad or not lora}
 
 
 if __name__ == "__main__":
@@ -73,10 +76,10 @@ if __name__ == "__main__":
     rank, world = gh.world()
     assert world == 2
     if mode == "update":
-        result = {agg: update_once(agg, sys.argv[3], slice(rank * 2 * GROUP, (rank + 1) * 2 * GROUP))
-                  for agg in ("seq-mean", "token-mean")}
-        result["silent"] = update_once("seq-mean", sys.argv[3], slice(rank * 2 * GROUP, (rank + 1) * 2 * GROUP),
-                                       silent=True)
+        mine = slice(rank * 2 * GROUP, (rank + 1) * 2 * GROUP)
+        result = {agg: update_once(agg, mine) for agg in ("seq-mean", "token-mean")}
+        result["silent"] = update_once("seq-mean", mine, silent=True)
+        result["lora"] = update_once("seq-mean", mine, lora=True)
         if rank == 0:
             torch.save(result, out)
     elif mode == "desync":
