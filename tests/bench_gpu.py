@@ -20,7 +20,7 @@ Not collected by pytest (the name does not start with test_). Run on a GPU:
     python tests/bench_gpu.py --max-new-tokens 1024 --micro-batch-size 8 --logprob-chunk-size 1024 --skip-compile
     python tests/bench_gpu.py --lora-rank 16 --batch-size 8 --max-new-tokens 1024 --micro-batch-size 8 \
         --generation-batch-size 128 --logprob-chunk-size 1024 --skip-compile     # README's 24 GB LoRA row
-On CPU (a smoke test, not a timing): python tests/bench_gpu.py --layers 2 --max-new-tokens 8 --steps 1
+On CPU (a smoke test, not a timing): python tests/bench_gpu.py --layers 1 --hidden-size 96 --max-new-tokens 8
 """
 import argparse
 import copy
@@ -57,11 +57,14 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def build_model(layers: int, device: torch.device):
+def build_model(layers: int, device: torch.device, hidden: int = QWEN25_15B["hidden_size"]):
+    """Qwen2.5-1.5B's shape at `layers` deep; a smaller `hidden` (the FFN scaled alike) only for a smoke test."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32      # the CLI's --dtype auto
-    model = Qwen2ForCausalLM(Qwen2Config(**{**QWEN25_15B, "num_hidden_layers": layers})).to(device, dtype)
+    shape = {**QWEN25_15B, "num_hidden_layers": layers, "hidden_size": hidden,
+             "intermediate_size": QWEN25_15B["intermediate_size"] * hidden // QWEN25_15B["hidden_size"]}
+    model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(device, dtype)
     model.generation_config = GenerationConfig(eos_token_id=[EOS, PAD], pad_token_id=PAD)
     return model
 
@@ -211,6 +214,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--layers", type=int, default=QWEN25_15B["num_hidden_layers"], help="28 = the real depth")
+    parser.add_argument("--hidden-size", type=int, default=QWEN25_15B["hidden_size"],
+                        help="1536 = the real width; smaller (a multiple of 12 heads x 2) only for a CPU smoke test")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per config; the first is not timed")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="GSM8K's chat prompts are about 100 tokens")
     parser.add_argument("--skip-compile", action="store_true", help="leave out the four-way generation comparison")
@@ -222,7 +227,7 @@ def main(argv=None):
     device = torch.device(args.device)
     cfg = gh.Config(**{k: getattr(args, k) for k in sizes})
     gh.validate_config(cfg)
-    model = build_model(args.layers, device)
+    model = build_model(args.layers, device, args.hidden_size)
     if cfg.lora_rank:                         # the CLI's --lora-rank: peft adapters (fp32) on the bf16 body
         model = gh.with_lora(model, cfg, None)
     if device.type == "cuda":
@@ -230,7 +235,8 @@ def main(argv=None):
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth = memory_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{name}: Qwen2.5-1.5B shape, {args.layers} layers, {weight_bytes / 2**30:.2f} GiB of weights "
+    width = "" if args.hidden_size == QWEN25_15B["hidden_size"] else f", width {args.hidden_size}"
+    print(f"{name}: Qwen2.5-1.5B shape, {args.layers} layers{width}, {weight_bytes / 2**30:.2f} GiB of weights "
           f"({next(model.parameters()).dtype}); copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     print(f"config: {f'LoRA {cfg.lora_rank}' if cfg.lora_rank else 'full'}, {cfg.batch_size} prompts x "
           f"{cfg.group_size} samples x {cfg.max_new_tokens} new tokens, "
