@@ -44,8 +44,6 @@ The homework comes first: configuration, then Parts 1-5 with TODOs 1-5 and main,
 the banner "WHAT SUPPORTS THE RUN"; below it, what a real run needs around the algorithm, by concern.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import dataclasses
@@ -177,8 +175,7 @@ class GSM8KDataset(Dataset):
     def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
                  prompt_style="plain", task=None):
         self.task, self.tokenizer, self.max_length = task or TASKS["gsm8k"], tokenizer, max_length
-        rows = self.task.load(dataset_path, split)
-        questions, answers = checked_problems(rows, f"{dataset_path} [{split}]")
+        questions, answers = checked_problems(self.task.load(dataset_path, split), f"{dataset_path} [{split}]")
         prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
         self.prompts, self.questions, self.answers = prompts, questions, answers
         self.add_special_tokens = prompt_style != "chat"     # a chat template carries any BOS token itself
@@ -217,8 +214,7 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
     padded = tokenizer.pad({"input_ids": [b["input_ids"].tolist() for b in batch],
                             "attention_mask": [b["attention_mask"].tolist() for b in batch]},
                            padding_side="left", return_tensors="pt")
-    return {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"],
-            "prompts": [b["prompt"] for b in batch], "questions": [b["question"] for b in batch],
+    return {**padded, "prompts": [b["prompt"] for b in batch], "questions": [b["question"] for b in batch],
             "answers": [b["answer"] for b in batch]}
 
 
@@ -584,17 +580,19 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     # This process's share of the loss, so that stats average the rows it trained on; 0 when every completion
     # is masked (token-mean with --mask-truncated), and then the stats stay 0.
     covered = sum(weights) or 1.0
-    stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "skipped": 0,
-             "no_signal": not chunks, "policy_kl": 0.0, "entropy": None}
+    stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "policy_kl": 0.0,
+             "entropy": None, "no_signal": not chunks, "skipped": 0 if chunks else cfg.ppo_epochs}
     if not chunks:       # no gradient on any process: no optimizer step either (AdamW would replay its momentum)
-        stats["skipped"] = cfg.ppo_epochs
         return stats
     entropy_sum = entropy_tokens = 0.0              # over the completion tokens the update ran, in its first epoch
     for epoch in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         epoch_loss = 0.0
-        for i, (rows, used) in enumerate(chunks):
-            gradient_sync(scorer, enabled=i == len(chunks) - 1)
+        for i, ((rows, used), weight) in enumerate(zip(chunks, weights)):
+            # DDP all-reduces gradients in the last micro-batch's backward only (the others accumulate locally first),
+            # as its no_sync() would; set for each micro-batch, so that an interrupted step leaves nothing wrong
+            if hasattr(scorer, "require_backward_grad_sync"):
+                scorer.require_backward_grad_sync = i == len(chunks) - 1
             mask = rollout.loss_mask[rows, :used]
             logprobs, entropy = scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
                                        rollout.prompt_length, cfg.temperature, cfg.logprob_chunk_size, True)
@@ -606,7 +604,6 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
             loss, mb_stats = compute_policy_loss(logprobs, old_lp, rollout.advantages[rows].to(logprobs.device), mask,
                                                  cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
                                                  num_tokens=cfg.max_new_tokens, return_stats=True)
-            weight = weights[i]
             if ref is not None:
                 kl = aggregate(kl_k3(logprobs, ref[rows, :used]), mask, cfg.loss_agg, cfg.max_new_tokens)
                 loss = loss + cfg.kl_coef * kl
@@ -644,9 +641,7 @@ def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
     or with `decay_end` a straight line down that would reach 0 at step `decay_end` (its last step keeps a bit)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    if decay_end:
-        return max(0.0, (decay_end - step) / (decay_end - warmup_steps))
-    return 1.0
+    return max(0.0, (decay_end - step) / (decay_end - warmup_steps)) if decay_end else 1.0
 
 
 def last_step(cfg: Config, loader) -> int:
@@ -708,7 +703,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     with tqdm(total=last_step(cfg, train_loader), initial=step, desc="GRPO", dynamic_ncols=True,
               disable=None if is_main() else True) as bar:
         for epoch in range(start["epoch"], num_epochs):
-            for shuffler in (train_loader, getattr(train_loader, "sampler", None)):   # ours, or a DistributedSampler
+            for shuffler in (train_loader, getattr(train_loader, "sampler", None)):   # the loader's, or its sampler's
                 if hasattr(shuffler, "set_epoch"):      # a new order each epoch, the same one on resume
                     shuffler.set_epoch(epoch)
             batches = enumerate(train_loader)
@@ -832,7 +827,7 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
             from None
 
 
-def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
+def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
     seed_everything(cfg.seed)
@@ -856,12 +851,11 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> Run:
     task, rank, world_size = TASKS[cfg.task], *world()
     # Validation: the first --val-size problems of the train split; training takes the ones after them.
     part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
-    val = cfg.val_size
     train_set, eval_set = (GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
                                         prompt_style=cfg.prompt_style, task=task)
-                           for split in (part("train", val, cfg.train_size and val + cfg.train_size),
+                           for split in (part("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size),
                                          part("test", 0, cfg.eval_size) if cfg.eval_split == "test" else
-                                         part("train", 0, cfg.eval_size or val)))
+                                         part("train", 0, cfg.eval_size or cfg.val_size)))
     if len(eval_set) == 0:
         raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
@@ -1012,12 +1006,10 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints"
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    record = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}   # damaged: says so
+    saved = recorded_config(run_dir)          # read before the check below: a damaged config.json says so
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
-    saved = record["config"]
-    unknown = sorted(set(saved) - set(Config.__dataclass_fields__))
-    if unknown:
+    if unknown := sorted(set(saved) - set(Config.__dataclass_fields__)):
         raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
     for f in dataclasses.fields(Config):
         value = saved.get(f.name, f.default)
@@ -1049,8 +1041,7 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
             raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
         # A --lr-decay run's learning rate was already decayed towards its old last step, which must stay
         may_change = (RESUME_MAY_CHANGE | {"output_dir"}) - ({"max_steps", "num_epochs"} if base.lr_decay else set())
-        changed = sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k))
-        if changed:
+        if changed := sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k)):
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
                             f"the run was trained with other values (start a new run instead)")
         return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
@@ -1183,10 +1174,9 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
             run_dir.mkdir(parents=True, exist_ok=True)
             lock = lock_run_dir(run_dir)
             check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
-            if not resume:
-                for name in foreign_entries(run_dir):                    # only what `clearable` vouched for
-                    target = run_dir / name
-                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+            for name in [] if resume else foreign_entries(run_dir):      # only what `clearable` vouched for
+                target = run_dir / name
+                shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
         except OSError as e:
             error = f"cannot use --output-dir {run_dir}: {e.strerror or e}"
         except UserError as e:
@@ -1405,10 +1395,8 @@ def wants_more_signal(drawn: list[Rollout], cfg: Config) -> bool:
 
 
 def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Several batches' rollouts as one: prompts left-padded to the longest, completions right-padded (padding is
-    out of the attention and loss masks, and positions come from the mask, so every row scores as before)."""
-    if len(parts) == 1:
-        return parts[0]
+    """A step's batches (one or more) as one rollout: prompts left-padded to the longest, completions right-padded
+    (padding is out of the attention and loss masks, and positions come from the mask: every row scores as before)."""
     prompt = max(r.prompt_length for r in parts)
     width = max(r.output_ids.shape[1] - r.prompt_length for r in parts)
     pad = lambda r, t, value: F.pad(t, (prompt - r.prompt_length, width + r.prompt_length - t.shape[1]), value=value)
@@ -1541,9 +1529,8 @@ def set_rng_state(rng: dict, optimizer) -> None:
     random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():    # the GPU this process uses, whatever its index
-        torch.cuda.set_rng_state(rng["cuda"][0] if isinstance(rng["cuda"], list) else rng["cuda"])
-    if hasattr(optimizer, "load_rounding_state"):
-        optimizer.load_rounding_state(rng.get("rounding", {}))
+        torch.cuda.set_rng_state(rng["cuda"])
+    optimizer.load_rounding_state(rng["rounding"])
 
 
 def to_plain(obj, tensors: dict[str, torch.Tensor]):
@@ -1628,7 +1615,7 @@ def load_trainer_state(checkpoint: Path) -> dict:
             raise ValueError("keys are missing")
         if any(type(state[k]) is not int or state[k] < 0 for k in ("step", "epoch", "batch_in_epoch")) or \
                 not {"state", "param_groups"} <= set(dict(state["optimizer"])) or not state["rng"] or \
-                any(not {"python", "torch", "cuda"} <= set(dict(r)) for r in state["rng"]):
+                any(not {"python", "torch", "cuda", "rounding"} <= set(dict(r)) for r in state["rng"]):
             raise ValueError("a value has the wrong type or range (edited by hand?)")
     except Exception as e:      # any damage at all (truncated, edited, absent) means the same to the user
         raise UserError(f"cannot read checkpoint {checkpoint / TRAINER_STATE[0]} + {TRAINER_STATE[1]}: "
@@ -1747,11 +1734,9 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
 
     def cell(r: dict) -> str:
         text = (r["completion"] or "").strip()
-        if len(text) > 1500:        # the answer is at the end: keep both ends
-            text = f"{literal(text[:500])} *(… {len(text) - 1300} characters left out …)* {literal(text[-800:])}"
-        else:
-            text = literal(text)
-        return f"{text} (extracted {show_number(r['extracted'])}, {'right' if r['correct'] else 'wrong'})"
+        shown = literal(text) if len(text) <= 1500 else (       # the answer is at the end: keep both ends
+            f"{literal(text[:500])} *(… {len(text) - 1300} characters left out …)* {literal(text[-800:])}")
+        return f"{shown} (extracted {show_number(r['extracted'])}, {'right' if r['correct'] else 'wrong'})"
 
     for title, keep in (("Wrong before, right after", lambda b, a: a["correct"] and not b["correct"]),
                         ("Right before, wrong after", lambda b, a: b["correct"] and not a["correct"]),
@@ -1776,16 +1761,14 @@ def require_gpu(name: str) -> None:
 
 
 def pick_device(name: str) -> torch.device:
-    if world()[1] > 1 and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))          # torchrun: one GPU per process
     if name == "auto" and not torch.cuda.is_available():
         print("warning: no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for "
               "Qwen2.5-1.5B)", file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     if device.type == "cuda":
         require_gpu(name)
-        index = torch.cuda.current_device() if device.index is None else device.index   # set_device needs one
-        device = torch.device("cuda", index)
+        # set_device needs an index: the current GPU's if --device gives none (torchrun: init_distributed set it)
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
     return device
 
@@ -2074,8 +2057,7 @@ def with_lora(model, cfg: Config, checkpoint: Path | None):
 
 def world() -> tuple[int, int]:
     """(this process's rank, number of processes)."""
-    joined = dist.is_available() and dist.is_initialized()
-    return (dist.get_rank(), dist.get_world_size()) if joined else (0, 1)
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
 
 def is_main() -> bool:
@@ -2120,13 +2102,6 @@ def wrap_for_processes(scorer: PolicyLogprobs, device: torch.device) -> torch.nn
         return scorer
     from torch.nn.parallel import DistributedDataParallel
     return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def gradient_sync(scorer, enabled: bool) -> None:
-    """Set whether the next forward and backward all-reduce gradients: only the last micro-batch of a step does
-    (the others accumulate locally first). Each micro-batch sets it, so an interrupted step leaves nothing wrong."""
-    if hasattr(scorer, "require_backward_grad_sync"):         # DDP: what its no_sync() context sets
-        scorer.require_backward_grad_sync = enabled
 
 
 def check_replicas(model, step: int) -> float:
@@ -2252,31 +2227,27 @@ def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
     return problems[: size or None]
 
 
-def generated_or_loaded(make: Callable[[str, int], list[dict]]):
-    """A task's loader: a --dataset folder when given, else its generated problems ('train', 'test[:N]', ...)."""
-    def load(dataset: str, split: str):
-        if dataset:
-            return load_split(dataset, split)
-        match = re.fullmatch(r"(\w+)(?:\[(\d*):(\d*)\])?", split)
-        if not match:
-            raise UserError(f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
-        start, end = int(match.group(2) or 0), int(match.group(3) or 0)
-        return enough_rows(make(match.group(1), end)[start:], split)
-    return load
-
-
 @dataclass(frozen=True)
 class Task:
     """Where a task's problems come from and what its prompt asks. Every task is in GSM8K's format (a question; an
     answer ending '#### N') and is rewarded and scored as GSM8K is."""
     instruction: str
-    load: Callable[[str, str], Any]
+    steps: int = 0      # word problems of this many steps, generated when no --dataset is given; 0: GSM8K
+
+    def load(self, dataset: str, split: str):
+        """A --dataset folder when given, else the task's generated problems ('train', 'test[:N]', ...)."""
+        if dataset or not self.steps:
+            return load_split(dataset, split)
+        match = re.fullmatch(r"(\w+)(?:\[(\d*):(\d*)\])?", split)
+        if not match:
+            raise UserError(f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
+        start, end = int(match.group(2) or 0), int(match.group(3) or 0)
+        return enough_rows(word_problem_split(match.group(1), end, self.steps)[start:], split)
 
 
 # GSM8K, and word problems a small model can learn on a CPU in minutes
-TASKS = {"gsm8k": Task(GSM8K_INSTRUCTION, load_split), **{
-    name: Task(HASH_INSTRUCTION, generated_or_loaded(lambda split, size, s=steps: word_problem_split(split, size, s)))
-    for name, steps in (("arithmetic", 1), ("two-step", 2))}}
+TASKS = {"gsm8k": Task(GSM8K_INSTRUCTION), "arithmetic": Task(HASH_INSTRUCTION, steps=1),
+         "two-step": Task(HASH_INSTRUCTION, steps=2)}
 
 
 # ----- The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU -----
