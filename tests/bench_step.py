@@ -142,14 +142,15 @@ def trl_seconds_per_step(args, problems: list[dict], cfg) -> list[float]:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tokenizer,
                           train_dataset=datasets.Dataset.from_list(rows), callbacks=[timer])
     trainer.train()
-    return timer.seconds[1:]                        # its first step warms up, as ours does
+    return timer.seconds[1:] or timer.seconds       # its first step warms up, as ours does (unless it is the only one)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default=SMOLLM2)
     parser.add_argument("--task", default="gsm8k", choices=["gsm8k", "arithmetic"])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after an untimed first; 0: the first "
+                        "step alone, timed with its warm-up (a smoke test)")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -185,7 +186,7 @@ def main():
                 totals[name][phase] = totals[name].get(phase, 0.0) + seconds
         print(f"step {step}: {rollout.output_ids.shape[0]} rows x {rollout.output_ids.shape[1]} tokens "
               f"(prompt {rollout.prompt_length})")
-    steps = step
+    steps = max(step, 1)
     print(f"\n{args.model} on {device}, {args.task}: {args.batch_size} prompts x {args.group_size} samples x "
           f"{args.max_new_tokens} new tokens, T {args.temperature}, micro-batch {args.micro_batch_size}, "
           f"mean of {steps} steps (seconds)\n")

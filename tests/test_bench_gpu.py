@@ -6,14 +6,14 @@ import sys
 from conftest import ROOT
 
 
-def test_gpu_bench_runs_every_phase_and_generation_mode_at_reduced_depth():
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_gpu.py"), "--device", "cpu", "--layers", "1", "--hidden-size", "96",
-                             "--steps", "2", "--batch-size", "1", "--group-size", "2", "--max-new-tokens", "2",
+def test_gpu_bench_runs_every_phase_and_generation_mode_at_reduced_depth_and_width():
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_gpu.py"), "--device", "cpu", "--layers", "1",
+                             "--hidden-size", "96", "--steps", "2", "--batch-size", "1", "--group-size", "2", "--max-new-tokens", "2",
                              "--generation-batch-size", "2", "--micro-batch-size", "2"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    assert "Qwen2.5-1.5B shape, 1 layers, width 96, 0.05 GiB of weights" in out and "copy bandwidth" in out
+    assert "Qwen2.5-1.5B shape, 1 layers, width 96, 0.06 GiB of weights" in out and "copy bandwidth" in out
     assert "step: generation" in out and "update" in out and "checkpoint" in out
     assert "vs bandwidth bound" in out
     assert "static cache + compile" in out and "continuous batching" in out and "identical tokens: True" in out

@@ -166,11 +166,11 @@ def test_a_two_step_cli_run_on_real_gsm8k_writes_the_whole_record(smollm2, tmp_p
 
 
 def test_step_bench_times_both_paths_on_the_same_rollout(smollm2):
-    """tests/bench_step.py end to end at a tiny size (a smoke test, not a timing)."""
+    """tests/bench_step.py end to end at a tiny size, one step (a smoke test, not a timing)."""
     import subprocess
     import sys
     result = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_step.py"), str(SMOLLM2), "--task",
-                             "arithmetic", "--steps", "1", "--batch-size", "1", "--group-size", "4",
+                             "arithmetic", "--steps", "0", "--batch-size", "1", "--group-size", "4",
                              "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
