@@ -8,8 +8,8 @@ from conftest import ROOT
 
 def test_gpu_bench_runs_every_phase_and_generation_mode_at_reduced_depth_and_width():
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_gpu.py"), "--device", "cpu", "--layers", "1",
-                             "--hidden-size", "96", "--steps", "2", "--batch-size", "1", "--group-size", "2", "--max-new-tokens", "2",
-                             "--generation-batch-size", "2", "--micro-batch-size", "2"],
+                             "--hidden-size", "96", "--steps", "2", "--batch-size", "1", "--group-size", "2",
+                             "--max-new-tokens", "2", "--generation-batch-size", "2", "--micro-batch-size", "2"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
