@@ -141,7 +141,6 @@ class Config:
     keep_checkpoints: int = _flag(0, "keep only the newest N checkpoints, deleting older ones (0 = keep all)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
-    # several processes (torchrun: DDP, a full replica per process)
     check_replicas: bool = _flag(False, "under torchrun: stop if the processes' weights differ after a step")
 
 
@@ -703,9 +702,8 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     with tqdm(total=last_step(cfg, train_loader), initial=step, desc="GRPO", dynamic_ncols=True,
               disable=None if is_main() else True) as bar:
         for epoch in range(start["epoch"], num_epochs):
-            for shuffler in (train_loader, getattr(train_loader, "sampler", None)):   # the loader's, or its sampler's
-                if hasattr(shuffler, "set_epoch"):      # a new order each epoch, the same one on resume
-                    shuffler.set_epoch(epoch)
+            if hasattr(sampler := getattr(train_loader, "sampler", None), "set_epoch"):   # DistributedSampler's:
+                sampler.set_epoch(epoch)                # a new order each epoch, the same one on resume
             batches = enumerate(train_loader)
             for index, batch in batches:
                 if epoch == start["epoch"] and index < start["batch_in_epoch"]:
@@ -921,6 +919,9 @@ def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      argument_default=None if defaults else argparse.SUPPRESS)
+    def refuse(message: str):      # one line and exit status 2, as any bad input gets (not 45 lines of usage first)
+        raise UserError(f"{message} (--help lists every flag)")
+    parser.error = refuse
     for f in dataclasses.fields(Config):
         kwargs = {**f.metadata, **({"default": f.default} if defaults else {})}
         if f.name == "model_path":

@@ -117,6 +117,17 @@ def test_bad_input_gives_one_line_exit_2_and_writes_nothing(model_dir, gsm8k_dir
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--group-size", "abc"], "argument --group-size: invalid int value: 'abc'"),
+    (["--task", "nope"], "argument --task: invalid choice"),
+    (["--parallel", "fsdp"], "unrecognized arguments: --parallel fsdp")])      # a flag of an earlier version
+def test_a_flag_argparse_cannot_read_is_one_line_not_the_usage(tmp_path, capsys, flags, message):
+    assert gh.main(["model", *flags, "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}") and "(--help lists every flag)" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 def test_tokenizerless_model_dir_and_real_exit_code(model_dir, tmp_path):
     bare = tmp_path / "bare"
     bare.mkdir()
