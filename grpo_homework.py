@@ -526,8 +526,8 @@ class PolicyLogprobs(torch.nn.Module):
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     """The rollout less its rows whose gradient is exactly 0: no token in the loss (cut, under --mask-truncated) or
     advantage 0 (groups of equal rewards; not with a KL penalty, which pulls on every token); the loss is still
-    normalized by the full batch. Under torchrun all keep as many rows as the process with the most, so that one
-    without signal still runs the pass in which DDP averages the gradients."""
+    normalized by the full batch. Under torchrun all keep as many rows as the process with the most: each DDP
+    forward broadcasts buffers and the last backward averages gradients, so every process runs as many passes."""
     keep = rollout.loss_mask.any(1).to(rollout.advantages.device) & ((rollout.advantages != 0) | (cfg.kl_coef > 0))
     (needed,) = all_reduce(keep.sum().item(), op="max")
     if needed == len(keep):
@@ -1007,7 +1007,7 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints"
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    saved = recorded_config(run_dir)          # read before the check below: a damaged config.json says so
+    saved = {k: v for k, v in recorded_config(run_dir).items() if (k, v) != ("parallel", "ddp")}  # pre-2026-11-25
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
     if unknown := sorted(set(saved) - set(Config.__dataclass_fields__)):
@@ -1617,7 +1617,7 @@ def load_trainer_state(checkpoint: Path) -> dict:
         if any(type(state[k]) is not int or state[k] < 0 for k in ("step", "epoch", "batch_in_epoch")) or \
                 not {"state", "param_groups"} <= set(dict(state["optimizer"])) or not state["rng"] or \
                 any(not {"python", "torch", "cuda", "rounding"} <= set(dict(r)) for r in state["rng"]):
-            raise ValueError("a value has the wrong type or range (edited by hand?)")
+            raise ValueError("a value has the wrong type or range (edited by hand, or an older version?)")
     except Exception as e:      # any damage at all (truncated, edited, absent) means the same to the user
         raise UserError(f"cannot read checkpoint {checkpoint / TRAINER_STATE[0]} + {TRAINER_STATE[1]}: "
                         f"{first_line(e)}") from None

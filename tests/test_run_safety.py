@@ -373,6 +373,11 @@ def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, 
     saved = json.loads((run_copy / "config.json").read_text())
     (run_copy / "config.json").write_text(json.dumps({**saved, "config": {**saved["config"], "new_knob": 1}}))
     assert "unknown setting" in main_err(["--resume", run_copy], capsys)[1]
+    older = lambda parallel: {**saved, "config": {**saved["config"], "parallel": parallel}}   # before FSDP went
+    (run_copy / "config.json").write_text(json.dumps(older("ddp")))
+    assert gh.saved_config(run_copy) == gh.Config(**saved["config"])            # the default then: resumable
+    (run_copy / "config.json").write_text(json.dumps(older("fsdp")))
+    assert "unknown setting(s) parallel" in main_err(["--resume", run_copy], capsys)[1]
     (run_copy / "config.json").write_text("{torn")       # damaged, and said so (#24: not "not a run directory")
     assert "config.json (damaged?)" in main_err(["--resume", run_copy], capsys)[1]
 

@@ -1,5 +1,6 @@
 """Several processes through torchrun (gloo on CPU): the same script, data-parallel, on the tiny model."""
 import json
+import os
 import subprocess
 import sys
 
@@ -30,11 +31,14 @@ def test_two_processes_with_two_prompts_each_equal_one_process_with_all_four(tmp
         assert len(moved) >= len(one_process) - 1, "the step must move (almost) every weight"
         for name, weight in one_process.items():
             torch.testing.assert_close(two_processes[loss_agg][name], weight, rtol=1e-5, atol=1e-6, msg=name)
-    adapters = update_once("seq-mean", lora=True)          # LoRA: B starts at 0, so one step moves B alone
-    assert len(adapters) == 2 * 7 * 2 and two_processes["lora"].keys() == adapters.keys()   # A, B x 7 x 2 layers
-    assert all(w.abs().sum() > 0 for name, w in adapters.items() if "lora_B" in name)
-    for name, weight in adapters.items():
-        torch.testing.assert_close(two_processes["lora"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    if "lora" in two_processes:                             # peft installed (CI installs it)
+        adapters = update_once("seq-mean", lora=True)      # LoRA: B starts at 0, so one step moves B alone
+        assert len(adapters) == 2 * 7 * 2 and two_processes["lora"].keys() == adapters.keys()   # A, B x 7 x 2 layers
+        assert all(w.abs().sum() > 0 for name, w in adapters.items() if "lora_B" in name)
+        for name, weight in adapters.items():
+            torch.testing.assert_close(two_processes["lora"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    else:
+        assert os.environ.get("CI") is None, "CI installs peft: the LoRA check must run there"
     for name, weight in update_once("seq-mean", silent=True).items():   # no pass, no step, no process hung
         assert torch.equal(weight, start[name]), name
         torch.testing.assert_close(two_processes["silent"][name], weight, rtol=0, atol=1e-7, msg=name)

@@ -7,6 +7,7 @@ update OUT: one grpo_update on fixed rollouts (4 prompts x group 4), each proces
 desync OUT: perturb rank 1's weights and check that check_replicas notices; an out-of-memory error is not
     retried at a smaller size under torchrun (processes would fall out of step) but reported.
 """
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -79,7 +80,8 @@ if __name__ == "__main__":
         mine = slice(rank * 2 * GROUP, (rank + 1) * 2 * GROUP)
         result = {agg: update_once(agg, mine) for agg in ("seq-mean", "token-mean")}
         result["silent"] = update_once("seq-mean", mine, silent=True)
-        result["lora"] = update_once("seq-mean", mine, lora=True)
+        if importlib.util.find_spec("peft"):          # optional, as for users: the LoRA check skips without it
+            result["lora"] = update_once("seq-mean", mine, lora=True)
         if rank == 0:
             torch.save(result, out)
     elif mode == "desync":
