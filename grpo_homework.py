@@ -1577,7 +1577,7 @@ def rng_state(optimizer) -> dict:
     """This process's random streams: sampling (python, torch, cuda) and the optimizer's rounding noise."""
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-            "rounding": optimizer.rounding_state() if hasattr(optimizer, "rounding_state") else {}}
+            "rounding": optimizer.rounding_state()}
 
 
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict,
