@@ -7,25 +7,23 @@ samples. No value network, no reward model.
 
 Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Advantages: (r - group mean) / (group std + eps), std unbiased; a group of equal rewards gets exactly 0.
-- Loss: mean over each completion's tokens, then over completions; `--loss-agg` has DAPO's and Dr. GRPO's too.
-  With one PPO epoch (the default) the old log-probs are the current ones detached: ratio exactly 1, no extra pass.
+- Loss: Dr. GRPO's token sum / (max-new-tokens x completions), since the paper's mean per completion (`--loss-agg
+  seq-mean`) weighs a long answer's tokens less and lets wrong answers grow. One PPO epoch: every ratio is exactly 1.
 - KL penalty: none by default (`--kl-coef 0`, as TRL and Dr. GRPO default it; the paper uses 0.04): at lr 1e-6
   the policy stays near its start anyway, and no reference model saves a copy of the weights and a forward pass.
-- Masking by position, never by token value (Qwen's pad token is one of its EOS tokens): a completion's tokens
-  up to and including its first EOS count.
+- Masking by position, never by token value (Qwen's pad token is an EOS): tokens up to and including the first EOS.
 - Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), no top-k, top-p or
   repetition penalty, whatever the model's generation_config says; log-probs are recomputed with the same left
   padding, attention mask, positions and temperature.
 - Precision: bf16 weights on GPUs that compute it natively, updated by AdamW in fp32 (in slices) and written
   back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere. Log-softmax in fp32
   over chunks of completion positions, never over a whole (sequences x positions x vocab) tensor.
-- Steps without signal: a step whose groups all scored alike takes no optimizer step (AdamW would replay its
-  momentum); `--min-signal-groups N` draws further batches until N groups have reward spread (DAPO). Settings are
-  chosen on `--val-size` held-out train problems (`--eval-split validation`), never on the test set.
+- Signal: a step draws further batches (up to `--max-draws`) until `--batch-size` groups have reward spread, and
+  updates on those (DAPO's dynamic sampling; `--min-signal-groups` sets another count, 0 none); a step with none
+  takes no optimizer step (AdamW would replay its momentum). Settings are chosen on `--val-size` held-out problems.
 - Learning rate: linear warm-up over `--lr-warmup-steps`, then constant (`--lr-decay`: linear to 0 at the end).
 - Full fine-tuning, or `--lora-rank R`: peft's LoRA adapters in the body's linear layers, the rest frozen.
-- A step is 4 prompts x 16 samples in one generate call: generation is launch-bound on a GPU, so 4x the samples
-  cost 1.1-1.2x the step (plots/gpu-h100/).
+- A step: 4 prompts x 16 samples in one generate call (launch-bound on a GPU: 4x the samples, 1.1-1.2x the time).
 - Memory and speed: gradient checkpointing on CUDA, micro-batches with exact gradient accumulation, KV cache in
   generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
   a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
@@ -105,7 +103,7 @@ class Config:
     # objective
     advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
     advantage_eps: float = _flag(1e-4, "added to the group std before dividing")
-    loss_agg: str = _flag("seq-mean", "seq-mean (GRPO), token-mean (DAPO) or drgrpo (sum / max-new-tokens)",
+    loss_agg: str = _flag("drgrpo", "drgrpo (sum / max-new-tokens), seq-mean (GRPO) or token-mean (DAPO)",
                           choices=["seq-mean", "token-mean", "drgrpo"])
     clip_eps: float = _flag(0.2, "PPO clip range below 1 (and above, unless --clip-eps-high)")
     clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); -1 = --clip-eps")
@@ -114,7 +112,7 @@ class Config:
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
-    min_signal_groups: int = _flag(0, "draw batches until a step has N groups whose rewards differ; train on those")
+    min_signal_groups: int = _flag(-1, "draw batches until N groups' rewards differ; train on those (-1: --batch-size)")
     max_draws: int = _flag(4, "with --min-signal-groups: at most this many further batches drawn in a step")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
@@ -142,6 +140,7 @@ class Config:
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
     check_replicas: bool = _flag(False, "under torchrun: stop if the processes' weights differ after a step")
+    signal_groups = property(lambda c: c.batch_size if c.min_signal_groups == -1 else c.min_signal_groups)  # not a flag
 
 
 # ===== Part 1: dataset =============================================================================================
@@ -673,10 +672,10 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                max_new_tokens=256, *, cfg: Config | None = None, extras: LoopExtras | None = None):
     """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update. Returns the
     per-step history (list of dicts). The template's arguments are settings of cfg: without cfg they are the
-    settings (the rest at Config's defaults, no step limit); with cfg they must equal its fields."""
+    settings (the rest at Config's defaults; no step limit, a step per batch); with cfg they must equal its fields."""
     given = dict(num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps, max_new_tokens=max_new_tokens)
     if cfg is None:
-        cfg = Config(max_steps=0, **given)
+        cfg = Config(max_steps=0, min_signal_groups=0, **given)
     elif [k for k, v in given.items() if getattr(cfg, k) != v]:
         raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
     extras = extras or LoopExtras()
@@ -720,7 +719,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                 t1 = time.perf_counter()
                 # 4. Update: the clipped policy-gradient step on these samples.
                 sampled = merge_rollouts(drawn, tokenizer.pad_token_id or 0)
-                rollout = groups_with_signal(sampled, cfg) if cfg.min_signal_groups else sampled
+                rollout = groups_with_signal(sampled, cfg) if cfg.signal_groups else sampled
                 stats = halve_on_oom(cfg, "micro_batch_size", lambda: grpo_update(
                     model, optimizer, rollout, cfg, extras.ref_model, scorer=scorer))
                 t2 = time.perf_counter()
@@ -967,9 +966,10 @@ def validate_config(cfg: Config) -> None:
                  "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
     for name in ("train_size", "eval_size", "val_size", "lora_rank", "max_steps", "save_every", "keep_checkpoints",
-                 "plot_every", "min_signal_groups", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
+                 "plot_every", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
                  "kl_coef", "format_reward", "weight_decay"):
         require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
+    require(cfg.min_signal_groups >= -1, "--min-signal-groups must be a count of groups, 0 (off) or -1 (--batch-size)")
     require(cfg.generation_batch_size % cfg.group_size == 0,
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
     require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
@@ -1007,7 +1007,8 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints"
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    saved = {k: v for k, v in recorded_config(run_dir).items() if (k, v) != ("parallel", "ddp")}  # pre-2026-11-25
+    saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch; before 11-25: "parallel"
+             **{k: v for k, v in recorded_config(run_dir).items() if (k, v) != ("parallel", "ddp")}}
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
     if unknown := sorted(set(saved) - set(Config.__dataclass_fields__)):
@@ -1392,7 +1393,7 @@ def wants_more_signal(drawn: list[Rollout], cfg: Config) -> bool:
     """Whether a step should draw another batch: some process holds fewer groups with spread than asked for (all
     processes draw together, so that they keep the same data position and as many groups)."""
     have = sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn)
-    return bool(cfg.min_signal_groups) and all_reduce(float(have < cfg.min_signal_groups), op="max")[0] > 0
+    return bool(cfg.signal_groups) and all_reduce(float(have < cfg.signal_groups), op="max")[0] > 0
 
 
 def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -1409,10 +1410,10 @@ def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 
 def groups_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """The first --min-signal-groups groups whose rewards differ; when the draws ran out before that many, groups
+    """The first cfg.signal_groups groups whose rewards differ; when the draws ran out before that many, groups
     without spread make up the count (no gradient, but every process keeps as many rows)."""
     has = spread(rollout.rewards, cfg.group_size)
-    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:cfg.min_signal_groups].sort().values
+    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:cfg.signal_groups].sort().values
     rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
     return select_rows(rollout, rows)
 
@@ -1560,8 +1561,7 @@ TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 
 def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
-    """replace_file for a folder. Every process takes part in write (it gathers their random streams); the main
-    process renames."""
+    """replace_file for a folder: every process writes (it gathers their random streams), the main one renames."""
     tmp = path.with_name(path.name + ".tmp")
     if is_main():
         for folder in (path, tmp):
@@ -1746,8 +1746,7 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
         lines += [f"## {title} ({len(chosen)})", ""]
         for b, a in chosen[:limit]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
-                      "| before | after |",
-                      "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
+                      "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
     path = run_dir / "before_after.md"
     replace_file(path, lambda tmp: tmp.write_text("\n".join(lines)))
     return path
@@ -2303,12 +2302,13 @@ class DemoConfig:
 
 
 def demo_grpo_config(cfg: Config) -> Config:
-    """The demo's GRPO settings (lr decays: no constant rate held on every seed, report section 4); flags win."""
+    """The demo's GRPO settings, as its records were made (lr decays: no rate held on every seed); flags win."""
     return dataclasses.replace(cfg, prompt_style="chat", batch_size=16, group_size=8, max_new_tokens=8,
                                learning_rate=1e-3, lr_decay=True, lr_warmup_steps=0, max_steps=1000, num_epochs=10,
                                generation_batch_size=128, micro_batch_size=128, eval_batch_size=300, plot_every=100,
                                show_examples=5, device="cpu", dtype="float32", gradient_checkpointing="off",
-                               eval_size=0, train_size=0, output_dir="runs/demo")
+                               eval_size=0, train_size=0, output_dir="runs/demo", loss_agg="seq-mean",
+                               min_signal_groups=0)
 
 
 def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, seed: int,

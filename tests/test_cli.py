@@ -16,12 +16,15 @@ PROGRESS = ["Loading tokenizer and model...", "Loading dataset...", "Setting up 
             "Starting GRPO training...", "Training completed!"]
 
 
-def tiny_args(model_dir, gsm8k_dir, out, *extra):
-    """Plots are drawn once, at the end: redrawing them each step took about 40% of a tiny run's time."""
+def tiny_args(model_dir, gsm8k_dir, out, *extra, step_per_batch=True):
+    """Plots are drawn once, at the end: redrawing them each step took about 40% of a tiny run's time. A step per
+    batch (--min-signal-groups 0): the tiny model's groups rarely have reward spread, so the default would draw 5
+    batches a step; the tests of signal filling ask for it."""
     return [str(model_dir), "--dataset", str(gsm8k_dir), "--output-dir", str(out), "--device", "cpu",
             "--train-size", "8", "--eval-size", "4", "--batch-size", "2", "--group-size", "4",
-            "--max-new-tokens", "8", "--generation-batch-size", "4", "--micro-batch-size", "3",
-            "--eval-batch-size", "4", "--lr-warmup-steps", "0", "--learning-rate", "1e-3", "--plot-every", "0", *extra]
+            "--max-new-tokens", "8", "--generation-batch-size", "4", "--micro-batch-size", "3", "--eval-batch-size",
+            "4", "--lr-warmup-steps", "0", "--learning-rate", "1e-3", "--plot-every", "0",
+            *(["--min-signal-groups", "0"] if step_per_batch else []), *extra]
 
 
 def run_cli(args, **kwargs):
@@ -341,8 +344,11 @@ def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer,
 
 # ----- signal per step and the validation split (#44) -----
 
+@pytest.mark.parametrize("batch, flags, drawn_per_step", [
+    (1, ["--min-signal-groups", "2"], [3, 2, 3]),
+    (2, [], [4, 4])])            # the default: as many groups as --batch-size; the 8 problems last two steps
 def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_updates_on_those(
-        model_dir, gsm8k_dir, tmp_path, monkeypatch):
+        model_dir, gsm8k_dir, tmp_path, monkeypatch, batch, flags, drawn_per_step):
     """A reward with spread only on even golds: each step draws batches until it holds 2 such groups (or its 3
     further draws run out), updates on exactly those, and records what it drew; the data position follows."""
     def reward(completions, golds, **kwargs):
@@ -353,8 +359,8 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     monkeypatch.setattr(gh, "grpo_update", lambda model, opt, rollout, *a, **k: updated.append(
         rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_update(model, opt, rollout, *a, **k))
     out = tmp_path / "run"
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--batch-size", "1", "--max-steps", "3",
-                             "--min-signal-groups", "2", "--max-draws", "3")) == 0
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--batch-size", str(batch), "--max-steps", "3",
+                             "--max-draws", "3", *flags, step_per_batch=False)) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     golds = [7, 60, 12, 2000, 42, 5, 6, 150]                       # PROBLEMS' gold numbers, in the data's order
     sampler = torch.utils.data.DistributedSampler(range(8), 1, 0, seed=0, drop_last=True)
@@ -362,14 +368,14 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     order, position = [golds[i] for i in sampler], 0
     for m, kept in zip(metrics, updated):
         drawn = []
-        while len(drawn) < 4 and sum(g % 2 == 0 for g in drawn) < 2:
-            drawn.append(order[position])
-            position += 1
-        assert m["prompts_drawn"] == len(drawn) and m["batch_in_epoch"] == position
+        while len(drawn) < 4 * batch and sum(g % 2 == 0 for g in drawn) < 2 and position < len(order):
+            drawn += order[position:position + batch]
+            position += batch
+        assert m["prompts_drawn"] == len(drawn) and m["batch_in_epoch"] == position // batch
         assert m["signal_groups"] == min(2, sum(g % 2 == 0 for g in drawn))
         assert kept == [1.0] * m["signal_groups"] + [0.0] * (min(2, len(drawn)) - m["signal_groups"])
         assert m["samples"] == 4 * len(drawn) and m["no_signal"] == (m["signal_groups"] == 0)
-    assert [m["prompts_drawn"] for m in metrics] == [3, 2, 3] and len(updated) == 3    # draws happened
+    assert [m["prompts_drawn"] for m in metrics] == drawn_per_step and len(updated) == len(drawn_per_step)
 
 
 def test_validation_problems_are_the_first_of_the_train_split_and_never_trained_on(model_dir, gsm8k_dir, tmp_path,
@@ -396,7 +402,7 @@ def test_validation_problems_are_the_first_of_the_train_split_and_never_trained_
 @pytest.mark.parametrize("flags, message", [
     (["--eval-split", "validation"], "--eval-split validation scores the --val-size held-out problems"),
     (["--eval-split", "validation", "--val-size", "2", "--eval-size", "3"], "at least --eval-size"),
-    (["--min-signal-groups", "-1"], "--min-signal-groups must not be negative"),
+    (["--min-signal-groups", "-2"], "--min-signal-groups must be a count of groups, 0 (off) or -1 (--batch-size)"),
     (["--val-size", "7", "--train-size", "2"], "there are only 1 train problems")])
 def test_validation_and_signal_flags_that_cannot_work_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flags,
                                                                    message):

@@ -117,6 +117,21 @@ def test_training_rewards_with_the_runs_strict_answer_flag(model_and_tokenizer, 
         assert rollout.rewards.tolist() == rewards
 
 
+def test_train_grpo_called_with_the_templates_arguments_takes_a_step_per_batch(model_and_tokenizer, monkeypatch):
+    """The template's loop: each batch is a step, even with no reward spread anywhere (the run's default would
+    draw the next batches into the same step)."""
+    model, tokenizer = model_and_tokenizer
+    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
+        "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
+        "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
+        "completions": ["#### 5", "#### 5"], "completion_lengths": torch.tensor([2, 2])})
+    batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
+             "answers": [5.0]}
+    history = gh.train_grpo(model, tokenizer, [batch] * 3, torch.optim.SGD(model.parameters(), lr=0.0), "cpu",
+                            1, 2, 0.2, 4)
+    assert [(h["step"], h["prompts_drawn"], h["no_signal"]) for h in history] == [(s, 1, True) for s in (1, 2, 3)]
+
+
 # ----- dataset and collate -----
 
 def test_dataset_tokenizes_the_template_prompt(gsm8k_dir, tokenizer):

@@ -84,9 +84,9 @@ def interrupt_after_line(proc, line, timeout=120):
 SLOW_EVAL = ("--max-new-tokens", "300", "--eval-batch-size", "1", "--max-steps", "1")
 
 
-@pytest.mark.parametrize("line, phase", [("Evaluating the starting model on 4 test problems...", "the evaluation before training"),
-                                         ("Evaluating the trained model on 4 test problems...",
-                                          "the final evaluation and save")])
+@pytest.mark.parametrize("line, phase", [
+    ("Evaluating the starting model on 4 test problems...", "the evaluation before training"),
+    ("Evaluating the trained model on 4 test problems...", "the final evaluation and save")])
 def test_ctrl_c_in_either_evaluation_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path, capsys, line,
                                                                       phase):
     """The Ctrl-C goes to a real process; what follows runs in this one (the suite's time)."""
@@ -376,6 +376,9 @@ def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, 
     older = lambda parallel: {**saved, "config": {**saved["config"], "parallel": parallel}}   # before FSDP went
     (run_copy / "config.json").write_text(json.dumps(older("ddp")))
     assert gh.saved_config(run_copy) == gh.Config(**saved["config"])            # the default then: resumable
+    (run_copy / "config.json").write_text(json.dumps({**saved, "config": {k: v for k, v in saved["config"].items()
+                                                                           if k != "min_signal_groups"}}))
+    assert gh.saved_config(run_copy).signal_groups == 0          # recorded before signal filling: a step per batch
     (run_copy / "config.json").write_text(json.dumps(older("fsdp")))
     assert "unknown setting(s) parallel" in main_err(["--resume", run_copy], capsys)[1]
     (run_copy / "config.json").write_text("{torn")       # damaged, and said so (#24: not "not a run directory")
