@@ -857,8 +857,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
         raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
     if len(train_set) < cfg.batch_size * world_size:
-        raise UserError(f"{len(train_set)} training problems is fewer than --batch-size {cfg.batch_size} x "
-                        f"{world_size} processes")
+        raise UserError(f"{len(train_set)} training problems, fewer than --batch-size {cfg.batch_size} x {world_size}")
     # A shuffle that depends only on (seed, epoch), so a resumed run sees the same data. Under torchrun each step's
     # world_size x batch_size prompts are the ones one process with that batch would see. The loader's own
     # generator keeps it from drawing on the sampling stream, which a resumed run must continue exactly.
@@ -873,6 +872,9 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     if cfg.lr_decay and decay_end <= cfg.lr_warmup_steps:
         raise UserError(f"--lr-decay: the run ends after {decay_end} steps, within --lr-warmup-steps "
                         f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
+    if cfg.lr_decay and cfg.signal_groups and cfg.num_epochs * len(loader) < cfg.max_steps * (1 + cfg.max_draws):
+        raise UserError(f"--lr-decay: a step draws 1 to {1 + cfg.max_draws} batches, so the data may end before "
+                        f"--max-steps {cfg.max_steps} with the rate above 0: lower --max-steps or --max-draws")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, cfg.lr_warmup_steps, decay_end))
     run = Run(cfg, run_dir, device, model, tokenizer, optimizer, loader, eval_set, scorer=scorer, ref_model=ref_model,
@@ -1144,8 +1146,7 @@ def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Ca
     if is_run_dir(run_dir):
         raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
     raise UserError(f"--output-dir {run_dir} already holds other files ({', '.join(others[:3])}"
-                    f"{', ...' if len(others) > 3 else ''}): choose a new or empty folder; a run never writes among "
-                    f"files it did not make")
+                    f"{', ...' if len(others) > 3 else ''}): a run writes only in a new or empty folder")
 
 
 def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
@@ -1642,8 +1643,7 @@ def redraw_report(run_dir: Path) -> None:
         if lock is not None:
             os.close(lock)
     if not written:
-        raise UserError(f"--report {run_dir}: nothing to draw yet (no training step and no evaluation after training "
-                        f"recorded)")
+        raise UserError(f"--report {run_dir}: nothing to draw yet (no training step nor final evaluation recorded)")
     print("\n".join(str(p) for p in written))
 
 
@@ -1892,10 +1892,11 @@ def optimizer_step(model, optimizer) -> None:
             raise
         trained = [p for p in model.parameters() if p.requires_grad]
         gib = lambda params, size=0: sum(p.numel() * (size or p.element_size()) for p in params) / 2**30
+        lora = "--lora-rank 16 (adapters only), " if len(trained) == len(list(model.parameters())) else ""
         raise UserError(f"out of memory in the optimizer step: weights {gib(model.parameters()):.1f} GiB + gradients "
                         f"{gib(trained):.1f} GiB + AdamW moments {gib(trained, 8):.1f} GiB (fp32) do not fit beside "
-                        f"the rest. Smaller batches do not help here; --lora-rank 16 (adapters only), --dtype bfloat16 "
-                        f"if the weights are float32, no --kl-coef (its reference model) or a smaller model would. "
+                        f"the rest. Smaller batches do not help here; {lora}--dtype bfloat16 if the weights are "
+                        f"float32, no --kl-coef (its reference model) or a smaller model would. "
                         f"This step was not applied and no checkpoint was written after it") from None
 
 
@@ -2149,8 +2150,7 @@ def enough_rows(rows, split: str, dataset: str = ""):
     asked = re.fullmatch(r"(\w+)\[(\d*):(\d+)\]", split)
     if asked and len(rows) < int(asked.group(3)) - int(asked.group(2) or 0):
         what = f"{asked.group(1)} problems in {dataset}" if dataset else f"generated {asked.group(1)} problems"
-        raise UserError(f"there are only {len(rows)} {what} in {split} (lower --train-size, --eval-size or "
-                        f"--val-size)")
+        raise UserError(f"there are only {len(rows)} {what} in {split} (lower --train-size, --eval-size, --val-size)")
     return rows
 
 

@@ -1,4 +1,5 @@
 """The command line as users run it: real subprocess runs on the tiny model, bad input, resume, Ctrl-C, OOM."""
+import copy
 import json
 import signal
 import subprocess
@@ -268,6 +269,19 @@ def test_out_of_memory_in_the_optimizer_step_is_final_not_retried(model_and_toke
     assert "optimizer step" in message and "AdamW moments" in message and "--lora-rank 16" in message
     assert "--max-new-tokens" not in message
     assert all(state["step"] == 1 for state in optimizer.state.values())
+
+
+def test_out_of_memory_in_the_optimizer_step_suggests_lora_only_where_every_weight_trains(model_and_tokenizer):
+    import types
+    model = copy.deepcopy(model_and_tokenizer[0])
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    for frozen, suggested in ((False, True), (True, False)):      # frozen: as under LoRA, most weights fixed
+        model.model.requires_grad_(not frozen)
+        with pytest.raises(gh.UserError) as caught:
+            gh.optimizer_step(model, types.SimpleNamespace(step=out_of_memory))
+        assert ("--lora-rank 16" in str(caught.value)) == suggested and "--dtype bfloat16" in str(caught.value)
 
 
 @pytest.mark.parametrize("capability, expected", [((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16),

@@ -428,6 +428,24 @@ def test_lr_decay_follows_its_line_to_the_last_step_and_resume_cannot_move_its_e
     assert code == 2 and "--lr-decay schedule ended there" in err and "--max-steps" not in err
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2", "--max-steps", "0", "--lr-decay"), capsys)
     assert code == 2 and "--lr-decay (on in --demo) needs --max-steps" in err and not (tmp_path / "r2").exists()
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r3", "--lr-warmup-steps", "4", "--lr-decay"),
+                         capsys)                       # the data's 4 steps end within the warm-up
+    assert code == 2 and "ends after 4 steps, within --lr-warmup-steps 4" in err and not (tmp_path / "r3").exists()
+
+
+def test_lr_decay_is_refused_where_signal_filling_may_end_the_data_before_the_decay(model_dir, gsm8k_dir, tmp_path,
+                                                                                   capsys):
+    """A filled step draws 1 to 1 + --max-draws batches, so the data's 4 batches may end the run at any of steps
+    1-4: a decay line to --max-steps 3 is refused unless 3 steps of 1 + 0 draws fit (--max-draws 0 fills nothing
+    more, so 4 batches cover 3 steps)."""
+    decay = ("--lr-decay", "--max-steps", "3", "--min-signal-groups", "2")
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r", *decay, step_per_batch=False), capsys)
+    assert code == 2 and "a step draws 1 to 5 batches" in err and "--max-steps 3" in err
+    assert not (tmp_path / "r").exists()
+    out = tmp_path / "fits"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, *decay, "--max-draws", "0", step_per_batch=False)) == 0
+    lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([1e-3, 1e-3 * 2 / 3, 1e-3 / 3])
     code, err = main_err(["--demo", "--max-steps", "0", "--output-dir", tmp_path / "d"], capsys)
     assert code == 2 and "--no-lr-decay turns it off" in err and not (tmp_path / "d").exists()
 
