@@ -431,13 +431,15 @@ def test_lr_decay_follows_its_line_to_the_last_step_and_resume_cannot_move_its_e
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r3", "--lr-warmup-steps", "4", "--lr-decay"),
                          capsys)                       # the data's 4 steps end within the warm-up
     assert code == 2 and "ends after 4 steps, within --lr-warmup-steps 4" in err and not (tmp_path / "r3").exists()
+    code, err = main_err(["--demo", "--max-steps", "0", "--output-dir", tmp_path / "d"], capsys)
+    assert code == 2 and "--no-lr-decay turns it off" in err and not (tmp_path / "d").exists()
 
 
 def test_lr_decay_is_refused_where_signal_filling_may_end_the_data_before_the_decay(model_dir, gsm8k_dir, tmp_path,
                                                                                    capsys):
-    """A filled step draws 1 to 1 + --max-draws batches, so the data's 4 batches may end the run at any of steps
-    1-4: a decay line to --max-steps 3 is refused unless 3 steps of 1 + 0 draws fit (--max-draws 0 fills nothing
-    more, so 4 batches cover 3 steps)."""
+    """A filled step draws 1 to 1 + --max-draws batches, so 4 batches of data may end the run at any of steps 1-4:
+    a decay to --max-steps 3 is refused at 4 further draws, and runs to its end where the data covers 3 steps even
+    at the most draws (--max-draws 0)."""
     decay = ("--lr-decay", "--max-steps", "3", "--min-signal-groups", "2")
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r", *decay, step_per_batch=False), capsys)
     assert code == 2 and "a step draws 1 to 5 batches" in err and "--max-steps 3" in err
@@ -446,8 +448,6 @@ def test_lr_decay_is_refused_where_signal_filling_may_end_the_data_before_the_de
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out, *decay, "--max-draws", "0", step_per_batch=False)) == 0
     lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert lrs == pytest.approx([1e-3, 1e-3 * 2 / 3, 1e-3 / 3])
-    code, err = main_err(["--demo", "--max-steps", "0", "--output-dir", tmp_path / "d"], capsys)
-    assert code == 2 and "--no-lr-decay turns it off" in err and not (tmp_path / "d").exists()
 
 
 def test_modes_refuse_flags_they_would_ignore(model_dir, run_copy, capsys):
