@@ -874,7 +874,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
                         f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
     if cfg.lr_decay and cfg.signal_groups and cfg.num_epochs * len(loader) < cfg.max_steps * (1 + cfg.max_draws):
         raise UserError(f"--lr-decay: a step draws 1 to {1 + cfg.max_draws} batches, so the data may end before "
-                        f"--max-steps {cfg.max_steps} with the rate above 0: lower --max-steps or --max-draws")
+                        f"--max-steps {cfg.max_steps}, the rate above 0: lower it or --max-draws, or add --num-epochs")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, cfg.lr_warmup_steps, decay_end))
     run = Run(cfg, run_dir, device, model, tokenizer, optimizer, loader, eval_set, scorer=scorer, ref_model=ref_model,
