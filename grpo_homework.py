@@ -113,7 +113,7 @@ class Config:
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
     min_signal_groups: int = _flag(-1, "draw batches until N groups' rewards differ; train on those (-1: --batch-size)")
-    max_draws: int = _flag(4, "with --min-signal-groups: at most this many further batches drawn in a step")
+    max_draws: int = _flag(4, "at most this many further batches a step draws for --min-signal-groups")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
     lora_rank: int = _flag(0, "train peft LoRA adapters of this rank instead of every weight (0 = full)")
