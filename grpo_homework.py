@@ -112,7 +112,7 @@ class Config:
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
-    min_signal_groups: int = _flag(-1, "draw batches until N groups' rewards differ; train on those (-1: --batch-size)")
+    min_signal_groups: int = _flag(-1, "draw batches until a step has N groups with spread (-1: --batch-size, 0: off)")
     max_draws: int = _flag(4, "at most this many further batches a step draws for --min-signal-groups")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
