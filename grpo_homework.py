@@ -857,7 +857,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
         raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
     if len(train_set) < cfg.batch_size * world_size:
-        raise UserError(f"{len(train_set)} training problems, fewer than --batch-size {cfg.batch_size} x {world_size}")
+        raise UserError(f"{len(train_set)} train problems, fewer than {world_size} x --batch-size {cfg.batch_size}")
     # A shuffle that depends only on (seed, epoch), so a resumed run sees the same data. Under torchrun each step's
     # world_size x batch_size prompts are the ones one process with that batch would see. The loader's own
     # generator keeps it from drawing on the sampling stream, which a resumed run must continue exactly.
