@@ -1,6 +1,7 @@
-"""Figures of a run folder, from its records alone: python analyze.py RUN_DIR
+"""Figures of a run folder, from its records alone: python analyze.py RUN_DIR [CURVES_PNG]
 Accuracy before/after (right = the reward's answer; strict = right and well-formed), flips and their two-sided sign
-test, where gains and losses come from (cut at the token limit or finished), and the per-step table."""
+test, where gains and losses come from (cut at the token limit or finished), and the per-step table. With
+CURVES_PNG, also one figure of the four curves per step: sampled reward, mean length, cut share, policy_kl."""
 import json
 import math
 import sys
@@ -44,7 +45,34 @@ def main(run):
                                 for k in keys) + " |")
     gen, upd = sum(m["gen_seconds"] for m in metrics), sum(m["update_seconds"] for m in metrics)
     print(f"\n{len(metrics)} steps: generation {gen / 60:.0f} min, update {upd / 60:.0f} min")
+    return metrics
+
+
+def plot_curves(run, metrics, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    summary = json.loads((Path(run) / "summary.json").read_text())
+    steps = [m["step"] for m in metrics]
+    panels = (("reward_mean", "mean reward, all samples drawn (dashed: greedy accuracy)"),
+              ("completion_len_mean", "mean completion length, tokens"),
+              ("truncated_frac", "share of samples cut at the token limit"),
+              ("policy_kl", "policy_kl: KL(before || after), nats a token"))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+    for ax, (key, title) in zip(axes.flat, panels):
+        ax.plot(steps, [m[key] for m in metrics], "o-")
+        ax.set(title=title, xlabel="step")
+        ax.grid(alpha=0.3)
+    for key, color, when in (("accuracy_before", "tab:red", "before"), ("accuracy_after", "tab:green", "after")):
+        if key in summary:
+            axes[0, 0].axhline(summary[key], color=color, linestyle="--", label=f"{when} {summary[key]:.1%}")
+    axes[0, 0].legend()
+    axes[1, 1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    recorded = main(sys.argv[1])
+    if len(sys.argv) > 2:
+        plot_curves(sys.argv[1], recorded, sys.argv[2])
