@@ -15,9 +15,9 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Sampling is exactly the distribution the loss assumes: softmax(logits / temperature), no top-k, top-p or
   repetition penalty, whatever the model's generation_config says; log-probs are recomputed with the same left
   padding, attention mask, positions and temperature.
-- Precision: bf16 weights on GPUs that compute it natively, updated by AdamW in fp32 (in slices) and written
-  back with stochastic rounding, so lr 1e-6 updates are not rounded away; fp32 elsewhere. Log-softmax in fp32
-  over chunks of completion positions, never over a whole (sequences x positions x vocab) tensor.
+- Precision: bf16 weights where computed natively (GPUs from A100 on, CPUs with AVX512-BF16 or AMX), updated by
+  AdamW in fp32 (in slices) and written back with stochastic rounding, so lr 1e-6 updates are not rounded away;
+  fp32 elsewhere. Log-softmax in fp32 over chunks of completion positions, never a whole (rows x seq x vocab).
 - Signal: a step draws further batches (up to `--max-draws`) until `--batch-size` groups have reward spread, and
   updates on those (DAPO's dynamic sampling; `--min-signal-groups` sets another count, 0 none); a step with none
   takes no optimizer step (AdamW would replay its momentum). Settings are chosen on `--val-size` held-out problems.
@@ -129,8 +129,8 @@ class Config:
     logprob_chunk_size: int = _flag(256, "completion tokens per chunk of the LM head + log-softmax")
     gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
                                         choices=["auto", "on", "off"])
-    dtype: str = _flag("auto", "weights: auto = bfloat16 on GPUs that compute it natively (A100, L4, RTX 30xx and "
-                       "newer), else float32", choices=["auto", "bfloat16", "float32"])
+    dtype: str = _flag("auto", "weights: auto = bfloat16 where computed natively (A100, L4, RTX 30xx and newer GPUs; "
+                       "CPUs with AVX512-BF16 or AMX), else float32", choices=["auto", "bfloat16", "float32"])
     # run
     seed: int = _flag(0, "seed for data order, sampling and the demo")
     device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
@@ -405,6 +405,7 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     Returns output_ids [rows, prompt + new], attention_mask (what sampling attended to), completion_mask (1 up to
     and including the first EOS, by position), prompt_length, completions (text), truncated [rows]."""
     check_ctrl_c()
+    contiguous_lm_head_input(model)         # bf16 on a CPU: a strided input makes the LM head slow (its docstring)
     from transformers import GenerationConfig
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
@@ -827,6 +828,8 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
 def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
+    if cfg.dtype == "auto":   # recorded as it resolves, so a resume keeps it; a record's auto predates bf16 on CPUs
+        cfg.dtype = "float32" if resume and device.type == "cpu" else str(weight_dtype("auto", device))[6:]
     seed_everything(cfg.seed)
     checkpoint = (saved_checkpoints(run_dir) or [None])[-1] if resume else None     # the newest
 
@@ -1774,12 +1777,14 @@ def pick_device(name: str) -> torch.device:
 
 
 def weight_dtype(name: str, device: torch.device) -> torch.dtype:
-    """--dtype auto: bf16 on GPUs that compute it natively (compute capability 8.0 on: A100, A10G, L4, RTX 30xx
-    and later); fp32 elsewhere, where bf16 is emulated slowly (T4, V100) or fails in cuBLAS (P40, M40)."""
+    """--dtype auto: bf16 where it is computed natively: GPUs of compute capability 8.0 on (A100, A10G, L4, RTX 30xx
+    and later), CPUs with AVX512-BF16 or AMX; fp32 elsewhere, where bf16 is emulated slowly (T4, V100, CPUs with
+    AVX2 only) or fails in cuBLAS (P40, M40)."""
     if name != "auto":
         return getattr(torch, name)
-    if device.type != "cuda":
-        return torch.float32
+    if device.type != "cuda":            # a CPU with AVX512-BF16 or AMX: bf16 is ~2x fp32 (tests/bench_dtype.py)
+        native = [getattr(torch.cpu, f"_is_{unit}_supported", lambda: False)() for unit in ("avx512_bf16", "amx_tile")]
+        return torch.bfloat16 if device.type == "cpu" and any(native) else torch.float32
     major, minor = torch.cuda.get_device_capability(device)
     if major >= 8:
         return torch.bfloat16
@@ -2014,6 +2019,18 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
     hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
     source = torch.cat([torch.full_like(cols[:, :1], start - 1), cols], 1)   # the prompt's last state, then its own
     return hidden[segment[:, None], source]                                  # [rows, length + 1, hidden]
+
+
+def contiguous_lm_head_input(model) -> None:
+    """The LM head gets a contiguous input from now on (a hook, set once). generate() and prefill_once ask for the
+    last position's logits only (logits_to_keep=1), a strided [rows, 1, hidden] slice; in bf16 on a CPU, oneDNN's
+    matmul on such an input broadcasts the [vocab, hidden] weight over the rows where that weight is frozen (LoRA,
+    the KL reference): 8 rows took 7 s instead of 0.03 s for Qwen's head, and at 100 rows the 27 GB it asks for
+    fails, after which PyTorch turns oneDNN off for the whole process and every bf16 matmul runs ~10x slower."""
+    head = model.get_output_embeddings()
+    if head is not None and not getattr(head, "contiguous_input", False):
+        head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
+        head.contiguous_input = True
 
 
 def check_logits_are_scored(model, path: str) -> None:

@@ -164,7 +164,7 @@ def main():
                               micro_batch_size=args.micro_batch_size, generation_batch_size=64,
                               learning_rate=1e-6, gradient_checkpointing="off")
     torch.manual_seed(0)
-    model, tokenizer = gh.load_model_and_tokenizer(args.model, device, "auto")
+    model, tokenizer = gh.load_model_and_tokenizer(args.model, device, "float32")   # TRL runs beside it in fp32
     dataset = str(GSM8K) if args.task == "gsm8k" else ""
     problems = gh.GSM8KDataset(f"train[:{(args.steps + 1) * args.batch_size}]", tokenizer, dataset_path=dataset,
                                prompt_style="chat", task=gh.TASKS[args.task])

@@ -20,11 +20,12 @@ PROGRESS = ["Loading tokenizer and model...", "Loading dataset...", "Setting up 
 def tiny_args(model_dir, gsm8k_dir, out, *extra, step_per_batch=True):
     """Plots are drawn once, at the end: redrawing them each step took about 40% of a tiny run's time. A step per
     batch (--min-signal-groups 0): the tiny model's groups rarely have reward spread, so the default would draw 5
-    batches a step; the tests of signal filling ask for it."""
+    batches a step; the tests of signal filling ask for it. fp32 unless a test asks for bf16: the same precision on
+    every CPU, whatever --dtype auto picks there."""
     return [str(model_dir), "--dataset", str(gsm8k_dir), "--output-dir", str(out), "--device", "cpu",
             "--train-size", "8", "--eval-size", "4", "--batch-size", "2", "--group-size", "4",
             "--max-new-tokens", "8", "--generation-batch-size", "4", "--micro-batch-size", "3", "--eval-batch-size",
-            "4", "--lr-warmup-steps", "0", "--learning-rate", "1e-3", "--plot-every", "0",
+            "4", "--lr-warmup-steps", "0", "--learning-rate", "1e-3", "--plot-every", "0", "--dtype", "float32",
             *(["--min-signal-groups", "0"] if step_per_batch else []), *extra]
 
 
@@ -292,8 +293,42 @@ def test_dtype_auto_is_bf16_only_where_the_gpu_computes_it(monkeypatch, capsys, 
     assert gh.weight_dtype("auto", torch.device("cuda")) == expected
     err = capsys.readouterr().err
     assert ("no native bf16" in err and "twice the memory" in err) == (expected == torch.float32)
-    assert gh.weight_dtype("auto", torch.device("cpu")) == torch.float32
     assert gh.weight_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16      # asked for: as asked
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                                                        (False, False, torch.float32)])
+def test_dtype_auto_is_bf16_only_where_the_cpu_computes_it(monkeypatch, avx512_bf16, amx, expected):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert gh.weight_dtype("auto", torch.device("cpu")) == expected
+    assert gh.weight_dtype("float32", torch.device("cpu")) == torch.float32          # asked for: as asked
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")         # a torch without the probes: fp32
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert gh.weight_dtype("auto", torch.device("cpu")) == torch.float32
+
+
+ONEDNN_TRAP = """
+import sys, torch
+import grpo_homework as gh
+from transformers import Qwen2Config, Qwen2ForCausalLM
+config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
+model = Qwen2ForCausalLM(config).to(torch.bfloat16).requires_grad_(False)       # frozen, as under LoRA
+ids = torch.randint(3, 200, (100, 6))
+gh.generate_completions(model, gh.build_byte_tokenizer(), ids, torch.ones_like(ids), 2, temperature=0.0, num_samples=1)
+print("oneDNN on:", torch.backends.mkldnn.enabled)
+"""
+
+
+def test_a_bf16_evaluation_batch_of_100_rows_keeps_onednn_on():
+    """Qwen's LM-head shape, frozen, in bf16: the last position's strided slice made oneDNN ask for 100 x 896 x
+    151,936 x 2 bytes (27 GB), fail, and turn itself off for the process. In a subprocess: a failure would slow
+    every later test."""
+    result = subprocess.run([sys.executable, "-c", ONEDNN_TRAP], capture_output=True, text=True, env=cli_env(),
+                            cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "oneDNN on: True" in result.stdout and "mkldnn_matmul failed" not in result.stderr
 
 
 @pytest.mark.parametrize("name, current, index", [("auto", 0, 0), ("cuda", 1, 1), ("cuda:1", 0, 1)])
@@ -422,3 +457,15 @@ def test_validation_and_signal_flags_that_cannot_work_are_refused(model_dir, gsm
                                                                    message):
     assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", *flags)) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_dtype_bench_times_both_precisions_side_by_side(model_dir, gsm8k_dir):
+    """tests/bench_dtype.py end to end at a tiny size (a smoke test, not a timing): both columns, every phase."""
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_dtype.py"), str(model_dir), "--dataset",
+                             str(gsm8k_dir), "--batch-size", "1", "--group-size", "2", "--max-new-tokens", "4",
+                             "--eval-size", "2"], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [r[0] for r in rows] == ["| phase (seconds)", "| generation", "| update", "| evaluation (frozen weights)"]
+    assert rows[0][1:3] == ["float32", "bfloat16"] and all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows[1:])
+    assert "oneDNN still on at the end: True" in result.stdout

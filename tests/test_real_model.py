@@ -150,7 +150,7 @@ def test_a_two_step_cli_run_on_real_gsm8k_writes_the_whole_record(smollm2, tmp_p
     result = run_cli([str(SMOLLM2), "--dataset", str(SHARED_GSM8K), "--output-dir", str(out), "--device", "cpu",
                       "--train-size", "10", "--eval-size", "2", "--batch-size", "1", "--group-size", "4",
                       "--max-new-tokens", "16", "--generation-batch-size", "4", "--max-steps", "2",
-                      "--temperature", "0.7", "--learning-rate", "1e-5", "--lr-warmup-steps", "0"])
+                      "--temperature", "0.7", "--learning-rate", "1e-5", "--lr-warmup-steps", "0", "--dtype", "float32"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert [line for line in result.stdout.splitlines() if line in PROGRESS] == PROGRESS
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -199,7 +199,8 @@ def test_smollm2_learns_the_arithmetic_task_under_lora(smollm2, tmp_path):
                     "0", "--max-steps", "4", "--format-reward", "0.2", "--strict-answer", "--eval-size", "16",
                     "--eval-batch-size", "16", "--generation-batch-size", "32", "--micro-batch-size", "16",
                     "--plot-every", "0", "--show-examples", "0", "--lora-rank", "16", "--lora-alpha", "32",
-                    "--loss-agg", "seq-mean", "--min-signal-groups", "0", "--output-dir", str(out)]) == 0
+                    "--loss-agg", "seq-mean", "--min-signal-groups", "0", "--dtype", "float32", "--output-dir",
+                    str(out)]) == 0
     rewards = [json.loads(line)["reward_mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((out / "summary.json").read_text())
     assert sum(rewards[-2:]) / 2 - sum(rewards[:2]) / 2 >= 0.2, rewards

@@ -973,3 +973,23 @@ def test_plots_of_one_step_show_markers_and_an_unmeasured_entropy_says_so(run_co
     gh.write_plots(run_copy)
     assert drawn and all("." in fmt for fmt in drawn)
     assert texts == ["not measured: no step ran an update pass\n(every group's rewards were equal)"]
+
+
+def test_dtype_auto_is_recorded_as_it_resolved_and_an_old_records_auto_resumes_in_float32(model_dir, gsm8k_dir,
+                                                                                           run_copy, tmp_path,
+                                                                                           monkeypatch):
+    """On a CPU that computes bf16, --dtype auto trains in bf16 and config.json says bfloat16, so a resume on another
+    machine trains on in bf16 too. A record saying auto was written before auto chose bf16 on CPUs: it trained in
+    fp32, and resumes in fp32 (its checkpoint's weights are fp32; loading them as bf16 would round them)."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    out = tmp_path / "auto"
+    assert gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1", "--dtype", "auto")]) == 0
+    assert json.loads((out / "config.json").read_text())["config"]["dtype"] == "bfloat16"
+    assert {t.dtype for t in load_file(out / "final" / "model.safetensors").values()} == {torch.bfloat16}
+    record = json.loads((run_copy / "config.json").read_text())        # a 2-step fp32 run with checkpoints
+    record["config"]["dtype"] = "auto"
+    (run_copy / "config.json").write_text(json.dumps(record))
+    shutil.rmtree(run_copy / "checkpoints" / "step-2")
+    assert gh.main(["--resume", str(run_copy)]) == 0
+    assert json.loads((run_copy / "config.json").read_text())["config"]["dtype"] == "float32"
+    assert {t.dtype for t in load_file(run_copy / "final" / "model.safetensors").values()} == {torch.float32}
