@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -482,32 +483,130 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) under softmax(logits / T), the
     distribution sampled from; column 0 is 0, and so is every column before prompt_length, which is not computed.
     with_entropy: also [batch, seq] entropy of that distribution at each scored position (metrics, no gradient)."""
-    start = max(1, prompt_length or 0)                             # the first column scored
     batch, seq = input_ids.shape
-    if start >= seq:
-        zeros = torch.zeros(batch, seq, device=input_ids.device)
-        return (zeros, zeros.clone()) if with_entropy else zeros
-    # 1. Forward pass through the transformer body, from the prompt's last position on (the LM head comes in 3).
-    body, lm_head = model.base_model, model.get_output_embeddings().weight        # lm_head: [vocab, hidden]
-    segment = prompt_segments(input_ids, attention_mask, start)
-    if start > 1 and int(segment[-1]) + 1 < batch and body.config._attn_implementation in ("sdpa", "eager"):
-        # speed: the G rows of one prompt (a GRPO group) run the prompt once, their completions packed behind it
-        hidden = shared_prompt_hidden(body, input_ids, attention_mask, start, segment)   # [batch, seq-start+1, hid]
-    else:          # positions from the mask, as generate() numbered them: a left-padded row scores as unpadded
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                      position_ids=position_ids_from_mask(attention_mask)).last_hidden_state[:, start - 1:]
-    # 2. Shift: the state at position t - 1 predicts token t.
-    hidden, targets = hidden[:, :-1], input_ids[:, start:]                       # [batch, seq - start, (hidden)]
-
-    def token_logprobs(h, t):       # 3. logits / T, log-softmax, gather the sampled token
-        logits = (h @ lm_head.t()).float() / temperature                          # [positions, vocab]
-        return logits.log_softmax(-1).gather(-1, t[:, None])[:, 0], logits        # [positions], [positions, vocab]
-
-    # memory: token_logprobs runs a chunk of positions at a time, and is recomputed in backward (ChunkedLogprobs):
-    # whole, the fp32 logits would be [batch, seq, 151,936] (4.7 GB for 4 x 1,024 tokens)
-    logprobs, entropy = (F.pad(v.view(batch, seq - start), (start, 0)) for v in ChunkedLogprobs.apply(
-        token_logprobs, hidden.flatten(0, 1), lm_head, targets.flatten(), temperature, chunk_size, with_entropy))
+    start = min(max(1, prompt_length or 0), seq)                   # the first column scored
+    # 1. Forward pass through the transformer body (the LM head is step 3), positions counted as generate() did,
+    #    kept from the prompt's last position on: the first whose next token is scored
+    hidden = grouped_prompt_hidden(model.base_model, input_ids, attention_mask, start)   # speed only: same values
+    if hidden is None:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                                  position_ids=position_ids_from_mask(attention_mask)).last_hidden_state[:, start - 1:]
+    # 2. Shift: the state at position t - 1 predicts token t
+    hidden, targets = hidden[:, :-1], input_ids[:, start:]               # [batch, seq - start, hidden], [.., ..]
+    # 3. logits / T, log-softmax in fp32, gather the sampled token (token_logprobs, a chunk of positions at a time)
+    logprobs, entropy = ChunkedLogprobs.apply(hidden.flatten(0, 1), model.get_output_embeddings().weight,
+                                              targets.flatten(), temperature, chunk_size, with_entropy)
+    logprobs, entropy = (F.pad(v.view(batch, seq - start), (start, 0)) for v in (logprobs, entropy))
     return (logprobs, entropy) if with_entropy else logprobs                     # [batch, seq] each
+
+
+def token_logprobs(hidden, weight, targets, temperature, with_entropy=False):
+    """[positions] log softmax(hidden @ weight.T / T)[target] in fp32, and the entropy of that softmax (or 0)."""
+    logits = (hidden @ weight.t()).float() / temperature                          # [positions, vocab]
+    logprobs = logits.log_softmax(-1).gather(-1, targets[:, None])[:, 0]          # [positions]
+    return logprobs, token_entropy(logits) if with_entropy else torch.zeros_like(logprobs)
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """token_logprobs over chunks of positions, so that one chunk's [chunk, vocab] fp32 logits are alive at a time,
+    forward and backward: whole, they would be [rows x seq, 151,936] (4.7 GB for 4 x 1,024 tokens). Backward
+    recomputes a chunk's logits and uses d log_softmax(z)[t] / dz = onehot(t) - softmax(z), with z = logits / T.
+    (torch.utils.checkpoint around the chunks holds a second LM-head-sized gradient: +1.26 GB, bench_memory.py.)"""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy):
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        logprobs, entropy = zip(*(token_logprobs(h, weight, t, temperature, with_entropy)     # a chunk's logits
+                                  for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size))))  # freed
+        logprobs, entropy = torch.cat(logprobs), torch.cat(entropy)                # [positions] each
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _):
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None     # frozen under LoRA
+        for s in range(0, len(hidden), ctx.chunk_size):
+            h, t, rows = hidden[s:s + ctx.chunk_size], targets[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
+            z = (h @ weight.t()).float().div_(ctx.temperature)                      # [chunk, vocab] logits / T
+            grad_z = z.sub_(z.logsumexp(-1, keepdim=True)).exp_().neg_()            # -softmax(z), in place
+            grad_z.scatter_add_(-1, t[:, None], torch.ones_like(grad_z[:, :1]))     # + onehot(t)
+            grad_logits = grad_z.mul_(grad_logprobs[rows, None] / ctx.temperature).to(weight.dtype)  # z = logits/T
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), h)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, in fp32: exact at a one-hot (entr(0) is 0,
+    where p * log p would be 0 * -inf) and finite for any finite logits, however large."""
+    p = logits.float().softmax(-1)
+    return torch.special.entr(p, out=p).sum(-1)
+
+
+def grouped_prompt_hidden(body, input_ids, attention_mask, start: int):
+    """What TODO 4's plain forward pass gives (states of positions start - 1 on, up to summation order), with the
+    rows of one prompt (a GRPO group) sharing one pass over it; None where nothing is shared: no prompt or no
+    completion, every row its own prompt, or attention other than sdpa and eager (which take a 4-D mask)."""
+    if not 1 < start < input_ids.shape[1] or body.config._attn_implementation not in ("sdpa", "eager"):
+        return None
+    segment = prompt_segments(input_ids, attention_mask, start)
+    return None if int(segment[-1]) + 1 == len(input_ids) else \
+        shared_prompt_hidden(body, input_ids, attention_mask, start, segment)
+
+
+def prompt_segments(input_ids, attention_mask, start: int):
+    """[rows] segment id: runs of consecutive rows with one prompt (a group, or its part of a micro-batch), cut so
+    that a packed run stays within four rows' length, since attention grows with the square of the length."""
+    rows, seq = input_ids.shape
+    index = torch.arange(rows, device=input_ids.device)
+    new_run = torch.ones(rows, dtype=torch.bool, device=input_ids.device)                    # [rows]
+    new_run[1:] = ~((input_ids[1:, :start] == input_ids[:-1, :start]) &
+                    (attention_mask[1:, :start] == attention_mask[:-1, :start])).all(1)
+    place = index - torch.cummax(torch.where(new_run, index, 0), 0).values                   # [rows] in its run
+    per_segment = max(1, (4 * seq - start) // (seq - start))
+    return (new_run | (place % per_segment == 0)).long().cumsum(0) - 1
+
+
+def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
+    """[rows, seq - start + 1, hidden] states of positions start - 1 on, each prompt computed once: a segment
+    is packed as [prompt, completion 1, ..., completion k], each completion attending to the prompt and its own
+    earlier tokens at its own row's positions, so every state equals the unpacked one (up to summation order). A
+    KV cache done as one forward pass, because gradient checkpointing drops a KV cache passed to a layer."""
+    rows, seq = input_ids.shape
+    length, device = seq - start, input_ids.device
+    counts = torch.bincount(segment)                                         # [segments]
+    first = counts.cumsum(0) - counts                                        # [segments] first row of each
+    block = torch.arange(rows, device=device) - first[segment]               # [rows] place in its segment
+    width = start + int(counts.max()) * length
+    cols = start + block[:, None] * length + torch.arange(length, device=device)     # [rows, length]
+    where = (segment[:, None], cols)
+
+    def packed(values, fill):                                                 # [rows, seq] -> [segments, width]
+        out = torch.full((len(counts), width), fill, dtype=values.dtype, device=device)
+        out[:, :start] = values[first, :start]
+        out[where] = values[:, start:]
+        return out
+
+    ids = packed(input_ids, 0)
+    positions = packed(position_ids_from_mask(attention_mask), 0)
+    valid = packed(attention_mask.bool(), False)                             # [segments, width] real tokens
+    owner = packed(block[:, None].expand(rows, seq), -1)                     # -1: the prompt
+    owner[:, :start] = -1
+    q = torch.arange(width, device=device)
+    allowed = valid[:, None, :] & (q[None, :] <= q[:, None]) & \
+        ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))           # [segments, q, k]
+    allowed |= torch.eye(width, dtype=torch.bool, device=device)            # pad rows see themselves, not NaN
+    mask = allowed[:, None]                                                  # [segments, 1, q, k]
+    if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
+        mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask, torch.finfo(body.dtype).min)
+    hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+    source = torch.cat([torch.full_like(cols[:, :1], start - 1), cols], 1)   # the prompt's last state, then its own
+    return hidden[segment[:, None], source]                                  # [rows, length + 1, hidden]
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -674,14 +773,10 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update. Returns the
     per-step history (list of dicts). The template's arguments are settings of cfg: without cfg they are the
     settings (the rest at Config's defaults; no step limit, a step per batch); with cfg they must equal its fields."""
-    given = dict(num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps, max_new_tokens=max_new_tokens)
-    if cfg is None:
-        cfg = Config(max_steps=0, min_signal_groups=0, **given)
-    elif [k for k, v in given.items() if getattr(cfg, k) != v]:
-        raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
+    cfg = loop_config(cfg, num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps,
+                      max_new_tokens=max_new_tokens)
     extras = extras or LoopExtras()
-    scorer, start = extras.scorer or PolicyLogprobs(model), extras.start
-    history, step = [], start["step"]
+    scorer, history = extras.scorer or PolicyLogprobs(model), []
     model.train()
 
     def sample_and_score(batch) -> Rollout:
@@ -698,49 +793,21 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                              advantage_eps=cfg.advantage_eps)
         return rollout_from(sample, rewards, advantages, cfg.mask_truncated)
 
-    from tqdm.auto import tqdm
-    with tqdm(total=last_step(cfg, train_loader), initial=step, desc="GRPO", dynamic_ncols=True,
-              disable=None if is_main() else True) as bar:
-        for epoch in range(start["epoch"], num_epochs):
-            if hasattr(sampler := getattr(train_loader, "sampler", None), "set_epoch"):   # DistributedSampler's:
-                sampler.set_epoch(epoch)                # a new order each epoch, the same one on resume
-            batches = enumerate(train_loader)
+    with progress_bar(cfg, train_loader, extras.start["step"]) as bar:
+        for epoch, batches in epochs_from(train_loader, num_epochs, extras.start):     # a resumed run: where it was
             for index, batch in batches:
-                if epoch == start["epoch"] and index < start["batch_in_epoch"]:
-                    continue
-                if cfg.max_steps and step >= cfg.max_steps:
+                if cfg.max_steps and extras.start["step"] + len(history) >= cfg.max_steps:
                     return history
                 t0 = time.perf_counter()
-                drawn = [sample_and_score(batch)]
-                # (--min-signal-groups) Draw further batches until enough groups' rewards differ.
-                while wants_more_signal(drawn, cfg) and len(drawn) <= cfg.max_draws and \
-                        (more := next(batches, None)) is not None:
-                    index, batch = more
-                    drawn.append(sample_and_score(batch))
+                drawn, index = draw_for_signal(sample_and_score(batch), index, batches, sample_and_score, cfg)
                 t1 = time.perf_counter()
                 # 4. Update: the clipped policy-gradient step on these samples.
                 sampled = merge_rollouts(drawn, tokenizer.pad_token_id or 0)
                 rollout = groups_with_signal(sampled, cfg) if cfg.signal_groups else sampled
                 stats = halve_on_oom(cfg, "micro_batch_size", lambda: grpo_update(
-                    model, optimizer, rollout, cfg, extras.ref_model, scorer=scorer))
-                t2 = time.perf_counter()
-                lr = optimizer.param_groups[0]["lr"]
-                if extras.scheduler is not None:      # counts steps, those without an optimizer step too
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
-                        extras.scheduler.step()
-                step += 1
-                record = step_record(step, epoch, index + 1, sampled, rollout, stats, cfg, lr, t1 - t0, t2 - t1)
-                if cfg.check_replicas:
-                    record["weight_checksum"] = check_replicas(model, step)
-                history.append(record)
-                bar.update(1)
-                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
-                                entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
-                if extras.on_step:
-                    extras.on_step(record)
-                if extras.stop_flag and all_reduce(float(extras.stop_flag()), op="max")[0]:   # all stop together
-                    raise TrainingInterrupted(step)
+                    model, optimizer, rollout, cfg, extras.ref_model, scorer=scorer), optimizer)
+                history.append(end_step(model, optimizer, cfg, extras, bar, epoch, index, sampled, rollout, stats,
+                                        (t1 - t0, time.perf_counter() - t1), extras.start["step"] + len(history)))
     return history
 
 
@@ -821,8 +888,10 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
         if phase == "loading" and resume and not again:
             raise UserError(f"{cause} while loading {run_dir} to resume it; the run is as it was") from None
         launch = f"torchrun --nproc_per_node={world()[1]}" if world()[1] > 1 else "python"
-        raise UserError(f"{cause} during {phase}; resume with: {launch} {Path(sys.argv[0]).name} --resume {run_dir}") \
-            from None
+        newest = f" (from checkpoints/{checkpoints[-1].name})" if isinstance(e, OutOfMemory) and \
+            (checkpoints := saved_checkpoints(run_dir)) else ""
+        raise UserError(f"{cause} during {phase}; resume with: {launch} {Path(sys.argv[0]).name} --resume {run_dir}"
+                        f"{getattr(e, 'resume_flags', '')}{newest}") from None
 
 
 def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
@@ -1387,6 +1456,65 @@ def finish_run(run: Run) -> None:
 
 # ----- Filling a step with signal (--min-signal-groups): DAPO's dynamic sampling -----
 
+def loop_config(cfg: Config | None, **given) -> Config:
+    """train_grpo's settings: the template's arguments over Config's defaults (no step limit, a step per batch), or
+    cfg, which must agree with them (two values for one setting would leave a reader guessing which trained)."""
+    if cfg is None:
+        return Config(max_steps=0, min_signal_groups=0, **given)
+    if [k for k, v in given.items() if getattr(cfg, k) != v]:
+        raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
+    return cfg
+
+
+def progress_bar(cfg: Config, loader, done: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True,
+                disable=None if is_main() else True)
+
+
+def epochs_from(loader, num_epochs: int, start: dict):
+    """(epoch, iterator of (index, batch)) from where a resumed run stopped: its epoch, less the batches it used."""
+    for epoch in range(start["epoch"], num_epochs):
+        if hasattr(sampler := getattr(loader, "sampler", None), "set_epoch"):   # DistributedSampler's: a new
+            sampler.set_epoch(epoch)                                            # order each epoch, the same on resume
+        batches = enumerate(loader)
+        if epoch == start["epoch"]:
+            batches = itertools.islice(batches, start["batch_in_epoch"], None)
+        yield epoch, batches
+
+
+def draw_for_signal(first: Rollout, index: int, batches, sample_and_score, cfg: Config) -> tuple[list, int]:
+    """--min-signal-groups: further batches of this epoch, at most --max-draws, until enough groups' rewards differ.
+    Returns the rollouts drawn and the index of the last batch used."""
+    drawn = [first]
+    while wants_more_signal(drawn, cfg) and len(drawn) <= cfg.max_draws and (more := next(batches, None)):
+        index, batch = more
+        drawn.append(sample_and_score(batch))
+    return drawn, index
+
+
+def end_step(model, optimizer, cfg: Config, extras: LoopExtras, bar, epoch: int, index: int, sampled: Rollout,
+             rollout: Rollout, stats: dict, seconds: tuple, done: int) -> dict:
+    """After an update: the learning-rate schedule, the step's record (logged, checkpointed by on_step), the
+    progress bar, and a stop asked for (Ctrl-C: every process stops after this same step)."""
+    lr = optimizer.param_groups[0]["lr"]
+    if extras.scheduler is not None:      # counts steps, those without an optimizer step too
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            extras.scheduler.step()
+    record = step_record(done + 1, epoch, index + 1, sampled, rollout, stats, cfg, lr, *seconds)
+    if cfg.check_replicas:
+        record["weight_checksum"] = check_replicas(model, done + 1)
+    bar.update(1)
+    bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
+                    entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
+    if extras.on_step:
+        extras.on_step(record)
+    if extras.stop_flag and all_reduce(float(extras.stop_flag()), op="max")[0]:   # all stop together
+        raise TrainingInterrupted(done + 1)
+    return record
+
+
 def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
     grouped = rewards.view(-1, group_size)
@@ -1905,8 +2033,17 @@ def optimizer_step(model, optimizer) -> None:
                         f"This step was not applied and no checkpoint was written after it") from None
 
 
-def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
-    """Run fn; on CUDA out-of-memory, free the cache, halve cfg.<knob> and retry; give up at 1 with a clear error."""
+class OutOfMemory(Exception):
+    """Out of memory where this process cannot retry: a resume can, with `resume_flags` (its line names them)."""
+    def __init__(self, message: str, resume_flags: str = ""):
+        super().__init__(message)
+        self.resume_flags = resume_flags
+
+
+def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
+    """Run fn; on out-of-memory, free the cache, halve cfg.<knob> and retry; give up at the floor. Given the
+    optimizer, never retry once fn began an optimizer step: the retry would apply the step a second time."""
+    begun = getattr(optimizer, "updates_begun", 0)
     while True:
         try:
             return fn()
@@ -1914,111 +2051,19 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
             if not is_out_of_memory(e):
                 raise
             torch.cuda.empty_cache()        # a no-op unless CUDA is in use
-            size = getattr(cfg, knob)
-            if world()[1] > 1:       # processes cannot each halve on their own without falling out of step
-                raise UserError(f"out of GPU memory under torchrun: lower {flag_name(knob)} (now {size})") from None
+            size, flag = getattr(cfg, knob), flag_name(knob)
             floor = cfg.group_size if knob == "generation_batch_size" else 1
-            if size <= floor:
-                raise UserError(f"out of GPU memory even at {flag_name(knob)} {size}: lower --max-new-tokens,"
-                                f" --group-size or --batch-size") from None
-            setattr(cfg, knob, max(floor, (size // 2) // floor * floor))
-            print(f"warning: out of GPU memory; retrying with {flag_name(knob)} {getattr(cfg, knob)}", file=sys.stderr)
-
-
-class ChunkedLogprobs(torch.autograd.Function):
-    """TODO 4's token_logprobs over chunks of positions, one chunk's [chunk, vocab] logits alive at a time, forward
-    or backward (with the entropy of each position's distribution, for metrics). The backward recomputes each
-    chunk's logits and sums the LM-head gradient into one buffer: autograd through the chunks
-    (torch.utils.checkpoint) holds a second LM-head-sized gradient, +1.26 GB in tests/bench_memory.py."""
-
-    @staticmethod
-    def forward(ctx, token_logprobs, hidden, weight, targets, temperature, chunk_size, with_entropy=False):
-        logprobs, entropy = [], []
-        for s in range(0, hidden.shape[0], chunk_size):
-            values, logits = token_logprobs(hidden[s:s + chunk_size], targets[s:s + chunk_size])
-            logprobs.append(values)
-            entropy.append(token_entropy(logits) if with_entropy else torch.zeros_like(values))
-            del logits                          # before the next chunk's: one chunk's logits alive at a time
-        logprobs, entropy = torch.cat(logprobs), torch.cat(entropy)                            # [tokens] each
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.mark_non_differentiable(entropy)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        return logprobs, entropy
-
-    @staticmethod
-    def backward(ctx, grad_out, _):
-        hidden, weight, targets = ctx.saved_tensors
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[1] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[2] else None
-        for s in range(0, hidden.shape[0], ctx.chunk_size):
-            h, rows = hidden[s:s + ctx.chunk_size], slice(s, s + ctx.chunk_size)
-            logits = (h @ weight.t()).float().div_(ctx.temperature)                           # [chunk, vocab]
-            # d logp[target] / d logits = onehot(target) - softmax(logits), times upstream grad / T; in place
-            grad_logits = logits.sub_(logits.logsumexp(-1, keepdim=True)).exp_().neg_()
-            grad_logits.scatter_add_(-1, targets[rows, None], torch.ones_like(grad_logits[:, :1]))
-            grad_logits = grad_logits.mul_(grad_out[rows, None] / ctx.temperature).to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(grad_logits.t(), h)
-        return None, grad_hidden, grad_weight, None, None, None, None
-
-
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, in fp32: exact at a one-hot (entr(0) is 0,
-    where p * log p would be 0 * -inf) and finite for any finite logits, however large."""
-    p = logits.float().softmax(-1)
-    return torch.special.entr(p, out=p).sum(-1)
-
-
-def prompt_segments(input_ids, attention_mask, start: int):
-    """[rows] segment id: runs of consecutive rows with one prompt (a group, or its part of a micro-batch), cut so
-    that a packed run stays within four rows' length, since attention grows with the square of the length."""
-    rows, seq = input_ids.shape
-    index = torch.arange(rows, device=input_ids.device)
-    new_run = torch.ones(rows, dtype=torch.bool, device=input_ids.device)                    # [rows]
-    new_run[1:] = ~((input_ids[1:, :start] == input_ids[:-1, :start]) &
-                    (attention_mask[1:, :start] == attention_mask[:-1, :start])).all(1)
-    place = index - torch.cummax(torch.where(new_run, index, 0), 0).values                   # [rows] in its run
-    per_segment = max(1, (4 * seq - start) // (seq - start))
-    return (new_run | (place % per_segment == 0)).long().cumsum(0) - 1
-
-
-def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
-    """[rows, seq - start + 1, hidden] states of positions start - 1 on, each prompt computed once: a segment
-    is packed as [prompt, completion 1, ..., completion k], each completion attending to the prompt and its own
-    earlier tokens at its own row's positions, so every state equals the unpacked one (up to summation order). A
-    KV cache done as one forward pass, because gradient checkpointing drops a KV cache passed to a layer."""
-    rows, seq = input_ids.shape
-    length, device = seq - start, input_ids.device
-    counts = torch.bincount(segment)                                         # [segments]
-    first = counts.cumsum(0) - counts                                        # [segments] first row of each
-    block = torch.arange(rows, device=device) - first[segment]               # [rows] place in its segment
-    width = start + int(counts.max()) * length
-    cols = start + block[:, None] * length + torch.arange(length, device=device)     # [rows, length]
-    where = (segment[:, None], cols)
-
-    def packed(values, fill):                                                 # [rows, seq] -> [segments, width]
-        out = torch.full((len(counts), width), fill, dtype=values.dtype, device=device)
-        out[:, :start] = values[first, :start]
-        out[where] = values[:, start:]
-        return out
-
-    ids = packed(input_ids, 0)
-    positions = packed(position_ids_from_mask(attention_mask), 0)
-    valid = packed(attention_mask.bool(), False)                             # [segments, width] real tokens
-    owner = packed(block[:, None].expand(rows, seq), -1)                     # -1: the prompt
-    owner[:, :start] = -1
-    q = torch.arange(width, device=device)
-    allowed = valid[:, None, :] & (q[None, :] <= q[:, None]) & \
-        ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))           # [segments, q, k]
-    allowed |= torch.eye(width, dtype=torch.bool, device=device)            # pad rows see themselves, not NaN
-    mask = allowed[:, None]                                                  # [segments, 1, q, k]
-    if body.config._attn_implementation != "sdpa":                           # eager adds the mask to scores
-        mask = torch.zeros(mask.shape, dtype=body.dtype, device=device).masked_fill(~mask, torch.finfo(body.dtype).min)
-    hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
-    source = torch.cat([torch.full_like(cols[:, :1], start - 1), cols], 1)   # the prompt's last state, then its own
-    return hidden[segment[:, None], source]                                  # [rows, length + 1, hidden]
+            smaller = f" {flag} {max(floor, (size // 2) // floor * floor)}" if size > floor else ""
+            if getattr(optimizer, "updates_begun", 0) != begun:
+                raise OutOfMemory(f"out of memory after this step's optimizer update began: not retried, which "
+                                  f"would apply it twice", smaller) from None
+            if world()[1] > 1 and smaller:       # processes cannot each halve on their own without falling out of step
+                raise OutOfMemory(f"out of GPU memory under torchrun at {flag} {size}", smaller) from None
+            if not smaller:
+                raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, or "
+                                  f"start a new run with lower --max-new-tokens, --group-size or --batch-size") from None
+            setattr(cfg, knob, int(smaller.split()[-1]))
+            print(f"warning: out of GPU memory; retrying with{smaller}", file=sys.stderr)
 
 
 def contiguous_lm_head_input(model) -> None:

@@ -87,13 +87,16 @@ def measure_optimizer(path: str) -> float:
     return rss_mb("VmHWM") - base, time.perf_counter() - t0
 
 
-def measure(path: str, dtype: str) -> float:
+def measure(path: str, dtype: str, hidden: int = 1536) -> float:
+    """Peak MB added and seconds of one micro-step on `path`; `hidden` narrower than Qwen2.5-1.5B's 1,536 keeps its
+    vocabulary, so the logits stay full size while the body shrinks (tests/test_grpo.py's memory-bound test)."""
     if path.startswith("adamw"):
         return measure_optimizer(path)
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=151_936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=2,
-                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+    config = Qwen2Config(vocab_size=151_936, hidden_size=hidden, intermediate_size=hidden * 35 // 6,
+                         num_hidden_layers=2, num_attention_heads=hidden // 128, num_key_value_heads=2,
+                         tie_word_embeddings=True)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     ids = torch.randint(0, config.vocab_size, (SEQUENCES, PROMPT + COMPLETION))
     mask = torch.ones_like(ids)
@@ -127,8 +130,8 @@ def measure(path: str, dtype: str) -> float:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] != "--against":
-        print(*measure(sys.argv[1], sys.argv[2]))
+    if len(sys.argv) in (3, 4) and sys.argv[1] != "--against":          # PATH DTYPE [HIDDEN]: one measurement
+        print(*measure(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])))
         sys.exit(0)
     against = [f"rev:{sys.argv[2]}"] if sys.argv[1:2] == ["--against"] else []
     print(f"one micro-step: {SEQUENCES} sequences x ({PROMPT} prompt + {COMPLETION} completion) tokens, "

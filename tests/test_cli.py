@@ -236,10 +236,10 @@ def test_out_of_memory_at_the_floor_is_a_clear_error_and_other_errors_pass_throu
 
     def always():
         raise torch.OutOfMemoryError("CUDA out of memory")
-    with pytest.raises(gh.UserError, match="--max-new-tokens"):
+    with pytest.raises(gh.OutOfMemory, match="--max-new-tokens"):
         gh.halve_on_oom(cfg, "micro_batch_size", always)
     cfg = gh.Config(group_size=4, generation_batch_size=16)
-    with pytest.raises(gh.UserError):
+    with pytest.raises(gh.OutOfMemory):
         gh.halve_on_oom(cfg, "generation_batch_size", always)
     assert cfg.generation_batch_size == 4                 # never below one whole group
     with pytest.raises(RuntimeError, match="shape mismatch"):                  # other errors are not swallowed
@@ -270,6 +270,50 @@ def test_out_of_memory_in_the_optimizer_step_is_final_not_retried(model_and_toke
     assert "optimizer step" in message and "AdamW moments" in message and "--lora-rank 16" in message
     assert "--max-new-tokens" not in message
     assert all(state["step"] == 1 for state in optimizer.state.values())
+
+
+@pytest.mark.parametrize("ppo_epochs, fails_in", [(2, "epoch 2's forward"), (1, "the policy_kl pass after the step")])
+def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenizer, monkeypatch, ppo_epochs, fails_in):
+    """A retry of the whole update would apply the step that already ran a second time (AdamW's count 2 or 3) and,
+    with two epochs, compute the old log-probs from the updated policy: it fails instead, naming a smaller
+    micro-batch for the resume, which restarts the step from the last checkpoint."""
+    from test_grpo import _rollout
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=4, ppo_epochs=ppo_epochs)
+    rollout = _rollout(model, tok, cfg)
+    optimizer = gh.build_optimizer(model.parameters(), lr=1e-3)
+    real, calls = gh.PolicyLogprobs.forward, []
+    passes_before_failure = {2: 2, 1: 1}[ppo_epochs]     # epoch 2's first pass follows the old log-probs and epoch 1
+
+    def forward(self, *args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        if len(calls) > passes_before_failure and optimizer.state:        # after the optimizer's first step
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(gh.PolicyLogprobs, "forward", forward)
+    with pytest.raises(gh.OutOfMemory, match="not retried") as caught:
+        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.grpo_update(model, optimizer, rollout, cfg), optimizer)
+    assert all(state["step"] == 1 for state in optimizer.state.values()), fails_in
+    assert cfg.micro_batch_size == 4 and caught.value.resume_flags == " --micro-batch-size 2"
+
+
+def test_out_of_memory_at_the_smallest_batch_mid_run_names_the_checkpoint_and_a_resume_that_works(
+        model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch):
+    out, real, calls = tmp_path / "run", gh.grpo_update, []
+
+    def update(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:                                   # step 2 on: every micro-batch size runs out
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(gh, "grpo_update", update)
+    assert gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "3")]) == 2
+    assert len(calls) == 3                                   # step 1, then --micro-batch-size 3 -> 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "out of memory even at --micro-batch-size 1" in last and f"--resume {out} (from checkpoints/step-1)" in last, last
+    monkeypatch.setattr(gh, "grpo_update", real)        # the resume the line names runs, on a device with room
+    assert gh.main(["--resume", str(out)]) == 0
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
 def test_out_of_memory_in_the_optimizer_step_suggests_lora_only_where_every_weight_trains(model_and_tokenizer):

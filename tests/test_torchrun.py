@@ -50,7 +50,7 @@ def test_check_replicas_catches_differing_weights_and_oom_is_reported_not_retrie
     assert result.returncode == 0, result.stderr[-3000:]
     replicas, oom = out.read_text().splitlines()
     assert "weights differ after step 1" in replicas
-    assert "under torchrun: lower --micro-batch-size (now 8)" in oom
+    assert "under torchrun at --micro-batch-size 8 | resume with --micro-batch-size 4" in oom
 
 
 def test_torchrun_cli_run_writes_one_record_keeps_replicas_equal_and_resumes(warm_model_dir, addition_dir, tmp_path):

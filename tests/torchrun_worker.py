@@ -100,8 +100,8 @@ if __name__ == "__main__":
             raise torch.OutOfMemoryError("CUDA out of memory")
         try:
             gh.halve_on_oom(gh.Config(micro_batch_size=8), "micro_batch_size", out_of_memory)
-        except gh.UserError as e:
+        except gh.OutOfMemory as e:
             if rank == 0:
-                out.write_text(out.read_text() + str(e))
+                out.write_text(out.read_text() + str(e) + " | resume with" + e.resume_flags)
     gh.dist.barrier()
     gh.dist.destroy_process_group()
