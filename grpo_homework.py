@@ -113,7 +113,8 @@ class Config:
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
-    min_signal_groups: int = _flag(-1, "draw batches until a step has N groups with spread (-1: --batch-size, 0: off)")
+    min_signal_groups: int = _flag(-1, "draw batches until a step has at least N groups with spread, then update on "
+                                   "--batch-size groups (or N), those first (-1: --batch-size, 0: off)")
     max_draws: int = _flag(4, "at most this many further batches a step draws for --min-signal-groups")
     # optimization
     learning_rate: float = _flag(1e-6, "AdamW learning rate")
@@ -1309,10 +1310,13 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         run.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"][rank], run.optimizer)
         run.start = {k: state[k] for k in run.start}
-        if run.summary.get("finished") and run.start["step"] >= last_step(cfg, run.loader):
+        # Finished: at --max-steps, or its problems used up (a step may draw several batches: count batches)
+        used_up = run.start["epoch"] >= cfg.num_epochs - 1 and run.start["batch_in_epoch"] >= len(run.loader)
+        if run.summary.get("finished") and (used_up or run.start["step"] >= last_step(cfg, run.loader)):
             raise UserError(f"{run_dir} finished after {run.start['step']} steps: " + (
                 f"its --lr-decay schedule ended there; start a new run from {run_dir / 'final'}" if cfg.lr_decay
-                else "pass a larger --max-steps or --num-epochs to train it further"))
+                else f"its training problems ran out; pass a larger --num-epochs (now {cfg.num_epochs}) to train it "
+                f"further" if used_up else "pass a larger --max-steps or --num-epochs to train it further"))
         print(f"Resuming from {checkpoint} (step {run.start['step']})")
         run.t_start -= run.summary.get("wall_seconds", 0.0)
         run.saved_step = run.start["step"]
@@ -1542,10 +1546,12 @@ def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 
 def groups_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """The first cfg.signal_groups groups whose rewards differ; when the draws ran out before that many, groups
-    without spread make up the count (no gradient, but every process keeps as many rows)."""
+    """A step's batch for the update: --batch-size groups (or --min-signal-groups, if more), those whose rewards
+    differ first; groups without spread make up the count (no gradient, and every process keeps as many rows). So
+    --min-signal-groups is a floor: below --batch-size, a batch with that many groups with spread trains on all."""
     has = spread(rollout.rewards, cfg.group_size)
-    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:cfg.signal_groups].sort().values
+    keep = max(cfg.signal_groups, cfg.batch_size)
+    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:keep].sort().values
     rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
     return select_rows(rollout, rows)
 
@@ -1649,13 +1655,15 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, ro
 
 def save_model(path: Path, model, tokenizer, final: bool = False) -> None:
     """save_pretrained on the main process. Under LoRA a checkpoint holds the adapters; `final` holds them in
-    adapter/ and the model with them merged in, which loads without peft."""
+    adapter/ and the model with them merged in, which loads without peft: merged in fp32 and kept so, since a merge
+    into bf16 weights rounds away every update below half a bf16 step (most of them at lr 1e-5), and final/ would
+    not be the model that was trained and scored. It costs twice the disk of bf16 weights, once, at the end."""
     adapters = model.__dict__.get("peft_model")
     if is_main():
         if adapters is not None:
             adapters.save_pretrained(path / "adapter" if final else path)
         if adapters is None or final:
-            (adapters.merge_and_unload() if adapters is not None else model).save_pretrained(path)
+            (adapters.to(torch.float32).merge_and_unload() if adapters is not None else model).save_pretrained(path)
         tokenizer.save_pretrained(path)
 
 
@@ -2060,8 +2068,9 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
             if world()[1] > 1 and smaller:       # processes cannot each halve on their own without falling out of step
                 raise OutOfMemory(f"out of GPU memory under torchrun at {flag} {size}", smaller) from None
             if not smaller:
-                raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, or "
-                                  f"start a new run with lower --max-new-tokens, --group-size or --batch-size") from None
+                raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, "
+                                  f"or start a new run with lower --max-new-tokens, --group-size or --batch-size") \
+                    from None
             setattr(cfg, knob, int(smaller.split()[-1]))
             print(f"warning: out of GPU memory; retrying with{smaller}", file=sys.stderr)
 
@@ -2102,15 +2111,26 @@ def with_lora(model, cfg: Config, checkpoint: Path | None):
     """The model with peft's LoRA adapters in its linear layers (only they train), new or a checkpoint's. Training
     runs the model itself, whose layers peft changed in place; peft's wrapper is kept beside it to save them."""
     from peft import LoraConfig, PeftModel, get_peft_model
-    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else cfg.lora_targets.split(",")
+    nn = torch.nn
+    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in
+                                                                         cfg.lora_targets.split(",") if t.strip()]
+    # Only the body's linear layers: the log-prob path reads the LM head as a weight (an adapter there would never
+    # train), Qwen ties the embedding to it (a merge would change both), and a misspelt name would pass in silence
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.base_model.named_modules() if type(m) is nn.Linear})
+    unknown = [] if targets == "all-linear" else [t for t in targets if t not in linear]
+    if unknown:
+        raise UserError(f"--lora-targets {cfg.lora_targets}: {', '.join(map(repr, unknown))} is not among the body's "
+                        f"linear layers, which take adapters here: {','.join(linear)}")
     with warnings.catch_warnings():      # peft reads transformers' deprecated is_gradient_checkpointing: not ours
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
         try:
             wrapper = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True) if checkpoint else \
                 get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                                  target_modules=targets, task_type="CAUSAL_LM"))
-        except ValueError as e:           # peft's word for target layers the model does not have
-            raise UserError(f"--lora-targets {cfg.lora_targets}: {first_line(e)}") from None
+        except Exception as e:      # a damaged checkpoint surfaces as any of several types; peft's word for targets
+            raise UserError(f"cannot read the adapters of checkpoint {checkpoint} (adapter_config.json and "
+                            f"adapter_model.safetensors): {first_line(e)}" if checkpoint else
+                            f"--lora-targets {cfg.lora_targets}: {first_line(e)}") from None
     model = wrapper.get_base_model()
     model.__dict__["peft_model"] = wrapper      # a plain attribute: not a submodule, so state_dict() stays the model's
     return model

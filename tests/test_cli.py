@@ -310,7 +310,8 @@ def test_out_of_memory_at_the_smallest_batch_mid_run_names_the_checkpoint_and_a_
     assert gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "3")]) == 2
     assert len(calls) == 3                                   # step 1, then --micro-batch-size 3 -> 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "out of memory even at --micro-batch-size 1" in last and f"--resume {out} (from checkpoints/step-1)" in last, last
+    assert "out of memory even at --micro-batch-size 1" in last, last
+    assert f"--resume {out} (from checkpoints/step-1)" in last, last
     monkeypatch.setattr(gh, "grpo_update", real)        # the resume the line names runs, on a device with room
     assert gh.main(["--resume", str(out)]) == 0
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
@@ -437,13 +438,15 @@ def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer,
 
 # ----- signal per step and the validation split (#44) -----
 
-@pytest.mark.parametrize("batch, flags, drawn_per_step", [
-    (1, ["--min-signal-groups", "2"], [3, 2, 3]),
-    (2, [], [4, 4])])            # the default: as many groups as --batch-size; the 8 problems last two steps
+@pytest.mark.parametrize("batch, n, flags, drawn_per_step", [
+    (1, 2, ["--min-signal-groups", "2"], [3, 2, 3]),
+    (2, 2, [], [4, 4]),          # the default: as many groups as --batch-size; the 8 problems last two steps
+    (4, 1, ["--min-signal-groups", "1"], [4, 4])])      # a floor: no group of a batch with spread is left out
 def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_updates_on_those(
-        model_dir, gsm8k_dir, tmp_path, monkeypatch, batch, flags, drawn_per_step):
-    """A reward with spread only on even golds: each step draws batches until it holds 2 such groups (or its 3
-    further draws run out), updates on exactly those, and records what it drew; the data position follows."""
+        model_dir, gsm8k_dir, tmp_path, monkeypatch, batch, n, flags, drawn_per_step):
+    """A reward with spread only on even golds: each step draws batches until it holds n such groups (or its 3
+    further draws run out), updates on max(n, batch) groups, those with spread first, and records what it drew;
+    the data position follows."""
     def reward(completions, golds, **kwargs):
         return torch.tensor([float(g % 2 == 0 and i % 4 == 0) for i, g in enumerate(golds)])
     updated = []
@@ -461,12 +464,14 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     order, position = [golds[i] for i in sampler], 0
     for m, kept in zip(metrics, updated):
         drawn = []
-        while len(drawn) < 4 * batch and sum(g % 2 == 0 for g in drawn) < 2 and position < len(order):
+        while len(drawn) < 4 * batch and sum(g % 2 == 0 for g in drawn) < n and position < len(order):
             drawn += order[position:position + batch]
             position += batch
         assert m["prompts_drawn"] == len(drawn) and m["batch_in_epoch"] == position // batch
-        assert m["signal_groups"] == min(2, sum(g % 2 == 0 for g in drawn))
-        assert kept == [1.0] * m["signal_groups"] + [0.0] * (min(2, len(drawn)) - m["signal_groups"])
+        with_spread = [i for i, g in enumerate(drawn) if g % 2 == 0]
+        chosen = sorted((with_spread + [i for i in range(len(drawn)) if i not in with_spread])[:max(n, batch)])
+        assert m["signal_groups"] == min(max(n, batch), len(with_spread))
+        assert kept == [float(drawn[i] % 2 == 0) for i in chosen]
         assert m["samples"] == 4 * len(drawn) and m["no_signal"] == (m["signal_groups"] == 0)
     assert [m["prompts_drawn"] for m in metrics] == drawn_per_step and len(updated) == len(drawn_per_step)
 

@@ -150,7 +150,8 @@ def test_a_two_step_cli_run_on_real_gsm8k_writes_the_whole_record(smollm2, tmp_p
     result = run_cli([str(SMOLLM2), "--dataset", str(SHARED_GSM8K), "--output-dir", str(out), "--device", "cpu",
                       "--train-size", "10", "--eval-size", "2", "--batch-size", "1", "--group-size", "4",
                       "--max-new-tokens", "16", "--generation-batch-size", "4", "--max-steps", "2",
-                      "--temperature", "0.7", "--learning-rate", "1e-5", "--lr-warmup-steps", "0", "--dtype", "float32"])
+                      "--temperature", "0.7", "--learning-rate", "1e-5", "--lr-warmup-steps", "0", "--dtype",
+                      "float32"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert [line for line in result.stdout.splitlines() if line in PROGRESS] == PROGRESS
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -993,3 +993,19 @@ def test_dtype_auto_is_recorded_as_it_resolved_and_an_old_records_auto_resumes_i
     assert gh.main(["--resume", str(run_copy)]) == 0
     assert json.loads((run_copy / "config.json").read_text())["config"]["dtype"] == "float32"
     assert {t.dtype for t in load_file(run_copy / "final" / "model.safetensors").values()} == {torch.float32}
+
+
+def test_a_run_whose_training_problems_ran_out_is_finished(model_dir, gsm8k_dir, tmp_path, capsys):
+    """With signal filling a step may draw several batches: 8 problems in batches of 2 end after a step or two, well
+    before --max-steps 10. A plain --resume must not evaluate and rewrite final/ again (17 minutes on the CPU Qwen
+    run), and --max-steps 50 must not print 'Training completed!' after 0 steps: both refuse, naming --num-epochs."""
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "10", "--save-every", "1",
+                             step_per_batch=False)) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] < 10 and metrics[-1]["batch_in_epoch"] == 4          # the data ran out first
+    written = {p: p.stat().st_mtime_ns for p in (out / "eval_after.jsonl", out / "final" / "model.safetensors")}
+    for extra in ([], ["--max-steps", "50"]):
+        code, err = main_err(["--resume", out, *extra], capsys)
+        assert code == 2 and "its training problems ran out; pass a larger --num-epochs (now 1)" in err, err
+    assert all(p.stat().st_mtime_ns == t for p, t in written.items())
