@@ -28,7 +28,6 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   generation. Rows with advantage 0 skip the update's forward and backward (their gradient is exactly 0, unless
   a KL penalty is on). A group shares one pass over its prompt: one prefill copied to its G samples in
   generation, and in the update its completions packed behind the prompt, each seeing the prompt and itself.
-- Several GPUs (torchrun): DDP; each process holds whole groups, so advantages need no communication.
 
 Run:
     python grpo_homework.py --demo                     # tiny model on CPU, proves the pipeline learns (~2 min)
@@ -36,7 +35,6 @@ Run:
     python grpo_homework.py SMOLLM2_PATH --task arithmetic --device cpu ...   # a real small model on a CPU (README)
     python grpo_homework.py --report RUN_DIR           # redraw plots and before_after.md of a run
     python grpo_homework.py --resume RUN_DIR           # finish a run stopped in any phase, or train it further
-    torchrun --nproc_per_node=N grpo_homework.py MODEL_PATH   # N GPUs, data-parallel (DDP)
 
 The homework comes first: configuration, then Parts 1-5 with TODOs 1-5 and main, in the data's path. It ends at
 the banner "WHAT SUPPORTS THE RUN"; below it, what a real run needs around the algorithm, by concern.
@@ -69,7 +67,6 @@ if __name__ == "__main__":      # a stop while torch loads (a second or more): o
         signal.signal(getattr(signal, _name), lambda *_: (print("error: interrupted while starting; nothing was "
                                                                 "written", file=sys.stderr), os._exit(2)))
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -95,7 +92,7 @@ class Config:
                               choices=["chat", "plain"])
     max_prompt_length: int = _flag(512, "prompts longer than this many tokens are dropped, with a warning")
     # rollout: 4 x 16 in one generate call, as generation is launch-bound on a GPU (the docstring's choices)
-    batch_size: int = _flag(4, "prompts per step (per process under torchrun)")
+    batch_size: int = _flag(4, "prompts per step")
     group_size: int = _flag(16, "completions sampled per prompt (the G of GRPO)")
     max_new_tokens: int = _flag(512, "completion length limit")
     temperature: float = _flag(1.0, "sampling temperature; log-probs divide logits by the same value")
@@ -141,7 +138,6 @@ class Config:
     keep_checkpoints: int = _flag(0, "keep only the newest N checkpoints, deleting older ones (0 = keep all)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
-    check_replicas: bool = _flag(False, "under torchrun: stop if the processes' weights differ after a step")
     signal_groups = property(lambda c: c.batch_size if c.min_signal_groups == -1 else c.min_signal_groups)  # not a flag
 
 
@@ -610,31 +606,12 @@ def shared_prompt_hidden(body, input_ids, attention_mask, start: int, segment):
     return hidden[segment[:, None], source]                                  # [rows, length + 1, hidden]
 
 
-class PolicyLogprobs(torch.nn.Module):
-    """compute_logprobs_from_model as a module call, so that DDP wrapping it sees the forward pass (it calls
-    the model's body and LM-head weight, never the model's forward, which a wrapped model would hook)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.policy = model
-
-    def forward(self, input_ids, attention_mask, prompt_length, temperature, chunk_size, with_entropy=False):
-        return compute_logprobs_from_model(self.policy, input_ids, attention_mask, prompt_length=prompt_length,
-                                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
-
-
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     """The rollout less its rows whose gradient is exactly 0: no token in the loss (cut, under --mask-truncated) or
     advantage 0 (groups of equal rewards; not with a KL penalty, which pulls on every token); the loss is still
-    normalized by the full batch. Under torchrun all keep as many rows as the process with the most: each DDP
-    forward broadcasts buffers and the last backward averages gradients, so every process runs as many passes."""
+    normalized by the full batch. No row left: no pass runs, and grpo_update takes no optimizer step."""
     keep = rollout.loss_mask.any(1).to(rollout.advantages.device) & ((rollout.advantages != 0) | (cfg.kl_coef > 0))
-    (needed,) = all_reduce(keep.sum().item(), op="max")
-    if needed == len(keep):
-        return rollout
-    # No signal on any process: no row runs, and grpo_update takes no optimizer step.
-    rows = torch.cat([keep.nonzero(), (~keep).nonzero()[: int(needed) - int(keep.sum())]]).squeeze(1).sort().values
-    return select_rows(rollout, rows)
+    return rollout if keep.all() else select_rows(rollout, keep.nonzero().squeeze(1))
 
 
 def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
@@ -652,49 +629,46 @@ def micro_batches(rollout: Rollout, size: int):
         yield rows, int(mask_cols[-1]) + 1 if len(mask_cols) else rollout.attention_mask.shape[1]
 
 
-def rollout_logprobs(scorer, rollout: Rollout, cfg: Config, chunks=None) -> torch.Tensor:
+def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks=None) -> torch.Tensor:
     """Log-probs of a rollout without gradient (old policy, reference, policy after the step), micro-batch by
     micro-batch; given `chunks` (micro_batches' pairs), of their rows only, the others left 0."""
     out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
-    with inference_mode(scorer):
+    with inference_mode(model):
         for rows, used in micro_batches(rollout, cfg.micro_batch_size) if chunks is None else chunks:
-            out[rows, :used] = scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
-                                      rollout.prompt_length, cfg.temperature, cfg.logprob_chunk_size)
+            out[rows, :used] = compute_logprobs_from_model(
+                model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used], temperature=cfg.temperature,
+                prompt_length=rollout.prompt_length, chunk_size=cfg.logprob_chunk_size)
     return out
 
 
-def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None, *, scorer=None) -> dict:
+def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None) -> dict:
     """`cfg.ppo_epochs` clipped policy-gradient steps on one rollout, gradients accumulated over micro-batches."""
-    scorer = scorer or PolicyLogprobs(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    rows_all, (tokens_all,) = len(rollout.loss_mask), all_reduce(rollout.loss_mask.sum().item())
+    rows_all, tokens_all = len(rollout.loss_mask), rollout.loss_mask.sum().item()
     rollout = rows_with_signal(rollout, cfg)
-    old = rollout_logprobs(scorer, rollout, cfg) if cfg.ppo_epochs > 1 else None
-    ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(PolicyLogprobs(ref_model), rollout, cfg)
+    old = rollout_logprobs(model, rollout, cfg) if cfg.ppo_epochs > 1 else None
+    ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(ref_model, rollout, cfg)
     chunks = list(micro_batches(rollout, cfg.micro_batch_size))          # none when no row has signal
     # Each micro-batch's loss is scaled so that the accumulated gradient is the full batch's: by its share of the
-    # rows, or for token-mean of every process's tokens (torchrun then averages the gradients over processes).
-    weights = [world()[1] * rollout.loss_mask[rows].sum().item() / max(tokens_all, 1) if cfg.loss_agg == "token-mean"
+    # rows, or for token-mean of the tokens
+    weights = [rollout.loss_mask[rows].sum().item() / max(tokens_all, 1) if cfg.loss_agg == "token-mean"
                else len(rollout.loss_mask[rows]) / rows_all for rows, _ in chunks]
-    # This process's share of the loss, so that stats average the rows it trained on; 0 when every completion
-    # is masked (token-mean with --mask-truncated), and then the stats stay 0.
+    # The share of the loss the update ran, so that stats average those rows; 0 when every completion is masked
+    # (token-mean with --mask-truncated), and then the stats stay 0.
     covered = sum(weights) or 1.0
     stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0, "policy_kl": 0.0,
              "entropy": None, "no_signal": not chunks, "skipped": 0 if chunks else cfg.ppo_epochs}
-    if not chunks:       # no gradient on any process: no optimizer step either (AdamW would replay its momentum)
+    if not chunks:       # no gradient: no optimizer step either (AdamW would replay its momentum)
         return stats
     entropy_sum = entropy_tokens = 0.0              # over the completion tokens the update ran, in its first epoch
     for epoch in range(cfg.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         epoch_loss = 0.0
         for i, ((rows, used), weight) in enumerate(zip(chunks, weights)):
-            # DDP all-reduces gradients in the last micro-batch's backward only (the others accumulate locally first),
-            # as its no_sync() would; set for each micro-batch, so that an interrupted step leaves nothing wrong
-            if hasattr(scorer, "require_backward_grad_sync"):
-                scorer.require_backward_grad_sync = i == len(chunks) - 1
             mask = rollout.loss_mask[rows, :used]
-            logprobs, entropy = scorer(rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
-                                       rollout.prompt_length, cfg.temperature, cfg.logprob_chunk_size, True)
+            logprobs, entropy = compute_logprobs_from_model(
+                model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used], with_entropy=True,
+                temperature=cfg.temperature, prompt_length=rollout.prompt_length, chunk_size=cfg.logprob_chunk_size)
             if epoch == 0:                  # tensors: no device sync per micro-batch
                 entropy_sum, entropy_tokens = entropy_sum + entropy[mask].sum(), entropy_tokens + mask.sum()
                 if i == 0:
@@ -711,7 +685,6 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
             epoch_loss += weight * loss.item()
             stats["clipfrac"] += weight / covered * mb_stats["clipfrac"] / cfg.ppo_epochs
             stats["approx_kl"] += weight / covered * mb_stats["approx_kl"] / cfg.ppo_epochs
-        epoch_loss = all_reduce(epoch_loss)[0] / world()[1]         # every process decides the same skip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
         if not (math.isfinite(epoch_loss) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)        # a non-finite step is never applied
@@ -725,13 +698,9 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None,
     # How far the update moved the policy: KL(before || after), k3 on the first micro-batch's sampled tokens. With
     # one PPO epoch the loss's ratio is 1 by construction, so clipfrac and approx_kl cannot show it.
     rows, used = chunks[0]
-    after = rollout_logprobs(scorer, rollout, cfg, chunks[:1])[rows, :used]
+    after = rollout_logprobs(model, rollout, cfg, chunks[:1])[rows, :used]
     stats["policy_kl"] = masked_token_mean(kl_k3(logprobs_before, after), rollout.loss_mask[rows, :used]).item()
-    keys = ("clipfrac", "approx_kl", "kl_ref", "policy_kl")
-    *averaged, entropy_sum, entropy_tokens = all_reduce(*(stats[k] for k in keys), float(entropy_sum),
-                                                        float(entropy_tokens))
-    stats.update(zip(keys, (v / world()[1] for v in averaged)))
-    stats["entropy"] = entropy_sum / entropy_tokens if entropy_tokens else None   # no pass ran: not measured
+    stats["entropy"] = float(entropy_sum) / float(entropy_tokens) if entropy_tokens else None   # no pass: none
     return stats
 
 
@@ -760,7 +729,6 @@ class TrainingInterrupted(Exception):
 @dataclass(kw_only=True)
 class LoopExtras:
     """What a full run hands train_grpo beyond the template's arguments; the defaults give the plain loop."""
-    scorer: Any = None                  # the policy's PolicyLogprobs, wrapped in DDP under torchrun
     ref_model: Any = None               # frozen starting model for the KL penalty (--kl-coef)
     scheduler: Any = None               # learning-rate schedule, stepped once per step
     start: dict = field(default_factory=lambda: {"step": 0, "epoch": 0, "batch_in_epoch": 0})   # resume here
@@ -777,7 +745,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     cfg = loop_config(cfg, num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps,
                       max_new_tokens=max_new_tokens)
     extras = extras or LoopExtras()
-    scorer, history = extras.scorer or PolicyLogprobs(model), []
+    history = []
     model.train()
 
     def sample_and_score(batch) -> Rollout:
@@ -806,21 +774,18 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                 sampled = merge_rollouts(drawn, tokenizer.pad_token_id or 0)
                 rollout = groups_with_signal(sampled, cfg) if cfg.signal_groups else sampled
                 stats = halve_on_oom(cfg, "micro_batch_size", lambda: grpo_update(
-                    model, optimizer, rollout, cfg, extras.ref_model, scorer=scorer), optimizer)
-                history.append(end_step(model, optimizer, cfg, extras, bar, epoch, index, sampled, rollout, stats,
+                    model, optimizer, rollout, cfg, extras.ref_model), optimizer)
+                history.append(end_step(optimizer, cfg, extras, bar, epoch, index, sampled, rollout, stats,
                                         (t1 - t0, time.perf_counter() - t1), extras.start["step"] + len(history)))
     return history
 
 
 def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval") -> tuple[dict, list[dict]]:
-    """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem. Under
-    torchrun each process answers every world-size-th problem and all records are gathered, in order."""
+    """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
     from tqdm.auto import tqdm
-    rank, world_size = world()
-    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)), cfg.eval_batch_size,
-                        collate_fn=lambda b: collate_prompts(b, tokenizer))
+    loader = DataLoader(dataset, cfg.eval_batch_size, collate_fn=lambda b: collate_prompts(b, tokenizer))
     records = []
-    for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None if rank == 0 else True):
+    for batch in tqdm(loader, desc=desc, dynamic_ncols=True):
         out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(    # halving splits the batch
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
@@ -830,8 +795,6 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
                             "truncated": bool(cut), "extracted": extract_answer_from_completion(completion),
                             "correct": gsm8k_reward(completion, gold) == 1.0,
                             "well_formed": is_well_formed_gsm8k(completion)})
-    shards = gather_objects(records)
-    records = [shards[i % world_size][i // world_size] for i in range(len(dataset))]
     n = max(len(records), 1)
     return ({"accuracy": sum(r["correct"] for r in records) / n,
              "format_rate": sum(r["well_formed"] for r in records) / n}, records)
@@ -845,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     with ctrl_c_latch():
         try:
             cfg, args = parse_config(argv)
-            init_distributed(cfg.device)
+            if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):      # N copies would race for one run folder
+                raise UserError("this script trains in one process on one GPU: run it with python, not torchrun")
             if args.report:
                 redraw_report(Path(args.report))
             elif args.demo:
@@ -854,17 +818,12 @@ def main(argv: list[str] | None = None) -> int:
                 validate_config(cfg)
                 with claimed_run_dir(Path(cfg.output_dir), resume=bool(args.resume), model_path=cfg.model_path):
                     run_phases(cfg, Path(cfg.output_dir), resume=bool(args.resume))
-            if world()[1] > 1:
-                dist.barrier()      # no process tears the group down while another still has work in flight
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:     # before a run began (parsing, joining torchrun): nothing was written
+        except KeyboardInterrupt:     # before a run began (parsing): nothing was written
             print("error: interrupted before the run began; nothing was written", file=sys.stderr)
             return 2
-        finally:
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
     return 0
 
 
@@ -888,10 +847,9 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
                                                                           else "")) from None
         if phase == "loading" and resume and not again:
             raise UserError(f"{cause} while loading {run_dir} to resume it; the run is as it was") from None
-        launch = f"torchrun --nproc_per_node={world()[1]}" if world()[1] > 1 else "python"
         newest = f" (from checkpoints/{checkpoints[-1].name})" if isinstance(e, OutOfMemory) and \
             (checkpoints := saved_checkpoints(run_dir)) else ""
-        raise UserError(f"{cause} during {phase}; resume with: {launch} {Path(sys.argv[0]).name} --resume {run_dir}"
+        raise UserError(f"{cause} during {phase}; resume with: python {Path(sys.argv[0]).name} --resume {run_dir}"
                         f"{getattr(e, 'resume_flags', '')}{newest}") from None
 
 
@@ -915,10 +873,9 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
     model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
-    scorer = wrap_for_processes(PolicyLogprobs(model), device)
 
     print("Loading dataset...")
-    task, rank, world_size = TASKS[cfg.task], *world()
+    task = TASKS[cfg.task]
     # Validation: the first --val-size problems of the train split; training takes the ones after them.
     part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
     train_set, eval_set = (GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
@@ -929,12 +886,12 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     if len(eval_set) == 0:
         raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
-    if len(train_set) < cfg.batch_size * world_size:
-        raise UserError(f"{len(train_set)} train problems, fewer than {world_size} x --batch-size {cfg.batch_size}")
-    # A shuffle that depends only on (seed, epoch), so a resumed run sees the same data. Under torchrun each step's
-    # world_size x batch_size prompts are the ones one process with that batch would see. The loader's own
-    # generator keeps it from drawing on the sampling stream, which a resumed run must continue exactly.
-    sampler = DistributedSampler(train_set, world_size, rank, seed=cfg.seed, drop_last=True)
+    if len(train_set) < cfg.batch_size:
+        raise UserError(f"{len(train_set)} train problems, fewer than --batch-size {cfg.batch_size}")
+    # A shuffle that depends only on (seed, epoch), so a resumed run sees the same data (DistributedSampler's, for
+    # one process: the order every run recorded so far drew). The loader's own generator keeps it from drawing on
+    # the sampling stream, which a resumed run must continue exactly.
+    sampler = DistributedSampler(train_set, 1, 0, seed=cfg.seed, drop_last=True)
     loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(),
                         collate_fn=lambda b: collate_prompts(b, tokenizer))
 
@@ -950,7 +907,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
                         f"--max-steps {cfg.max_steps}, the rate above 0: lower it or --max-draws, or add --num-epochs")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
         step, cfg.lr_warmup_steps, decay_end))
-    run = Run(cfg, run_dir, device, model, tokenizer, optimizer, loader, eval_set, scorer=scorer, ref_model=ref_model,
+    run = Run(cfg, run_dir, device, model, tokenizer, optimizer, loader, eval_set, ref_model=ref_model,
               scheduler=scheduler)
     open_record(run, checkpoint, resume)
     return run
@@ -978,7 +935,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 
 # ---------------------------------------------------------------------------------------------------------------
 # WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it the algorithm,
-# in the order a run meets it: command line, run folder and resume, records, plots, devices and torchrun, tasks, demo.
+# in the order a run meets it: command line, run folder and resume, records, plots, devices, tasks, demo.
 # ---------------------------------------------------------------------------------------------------------------
 
 # ----- Command line and validation -----
@@ -1077,13 +1034,14 @@ def validate_config(cfg: Config) -> None:
 # Flags a resumed run may change: how it runs, not what it learns (else one record would describe two trainings).
 RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints", "plot_every", "show_examples",
                      "device", "generation_batch_size", "micro_batch_size", "eval_batch_size", "logprob_chunk_size",
-                     "gradient_checkpointing", "check_replicas"}
+                     "gradient_checkpointing"}
 
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch; before 11-25: "parallel"
-             **{k: v for k, v in recorded_config(run_dir).items() if (k, v) != ("parallel", "ddp")}}
+    gone = {("parallel", "ddp"), ("check_replicas", False)}        # flags of earlier versions, at what one process ran
+    saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch
+             **{k: v for k, v in recorded_config(run_dir).items() if (k, v) not in gone}}
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
     if unknown := sorted(set(saved) - set(Config.__dataclass_fields__)):
@@ -1150,7 +1108,7 @@ _ctrl_c = {"pressed": False, "training": False, "asked": 0.0}
 
 def on_ctrl_c(signum, frame):
     if _ctrl_c["training"] and not (_ctrl_c["asked"] and time.monotonic() - _ctrl_c["asked"] > 2):
-        if not _ctrl_c["asked"]:        # torchrun repeats the first press at once: only a later one aborts
+        if not _ctrl_c["asked"]:        # a repeat within 2 s (launchers forward it twice) is the same press
             _ctrl_c["asked"] = time.monotonic()
             with contextlib.suppress(OSError):        # SIGHUP: the terminal may be gone
                 print(f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again aborts at once)",
@@ -1241,26 +1199,24 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     clearable: Callable[[Path], bool] = lambda path: False):
     """Hold RUN_DIR (locked) for this run alone until it ends: new or empty, or emptied when `clearable` says so (the
     demo's own earlier run). If no config.json was written (bad input, or stopped while loading), what the claim
-    made is removed again. Under torchrun the main process claims and every process hears of a refusal."""
+    made is removed again."""
     error, lock, made = None, None, []
-    if is_main():
-        try:
-            check_output_dir(run_dir, model_path, resume, clearable)
-            made = [p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()]
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = lock_run_dir(run_dir)
-            check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
-            for name in [] if resume else foreign_entries(run_dir):      # only what `clearable` vouched for
-                target = run_dir / name
-                shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
-        except OSError as e:
-            error = f"cannot use --output-dir {run_dir}: {e.strerror or e}"
-        except UserError as e:
-            error = str(e)
-    errors = [e for e in gather_objects(error) if e]
     try:
-        if errors:
-            raise UserError(errors[0])
+        check_output_dir(run_dir, model_path, resume, clearable)
+        made = [p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = lock_run_dir(run_dir)
+        check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
+        for name in [] if resume else foreign_entries(run_dir):      # only what `clearable` vouched for
+            target = run_dir / name
+            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    except OSError as e:
+        error = f"cannot use --output-dir {run_dir}: {e.strerror or e}"
+    except UserError as e:
+        error = str(e)
+    try:
+        if error:
+            raise UserError(error)
         yield run_dir
     finally:
         if lock is not None:
@@ -1276,7 +1232,7 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
 
 @dataclass
 class Run(LoopExtras):
-    """What the phases of one run share; also train_grpo's extras (scorer, reference, schedule, start, callbacks)."""
+    """What the phases of one run share; also train_grpo's extras (reference, schedule, start, callbacks)."""
     cfg: Config
     run_dir: Path
     device: torch.device
@@ -1296,19 +1252,19 @@ class Run(LoopExtras):
 def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     """Continue from `checkpoint` when there is one, trim metrics.jsonl to it, and record the run's config."""
     import transformers
-    cfg, run_dir, (rank, world_size) = run.cfg, run.run_dir, world()
+    cfg, run_dir = run.cfg, run.run_dir
     earlier = read_json(run_dir / "config.json") if resume else {}       # the command that started it stays first
     inputs = checked_inputs(run, earlier.get("inputs", {}),
                             reads_model=not checkpoint or cfg.kl_coef > 0 or cfg.lora_rank > 0)
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
     if checkpoint:
         state = load_trainer_state(checkpoint)
-        if len(state["rng"]) != world_size:
-            raise UserError(f"{checkpoint} was written by {len(state['rng'])} process(es); resume it with as many "
-                            f"(now {world_size}), or the data and samples would not continue where they stopped")
+        if len(state["rng"]) != 1:
+            raise UserError(f"{checkpoint} was written by {len(state['rng'])} processes (torchrun, which this version "
+                            f"does not run): its data and samples cannot continue in one process")
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"][rank], run.optimizer)
+        set_rng_state(state["rng"][0], run.optimizer)
         run.start = {k: state[k] for k in run.start}
         # Finished: at --max-steps, or its problems used up (a step may draw several batches: count batches)
         used_up = run.start["epoch"] >= cfg.num_epochs - 1 and run.start["batch_in_epoch"] >= len(run.loader)
@@ -1332,7 +1288,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     resumes = earlier.get("resumes", []) + [{"argv": sys.argv, "at_step": run.start["step"]}] if resume else []
     versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
     write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": earlier.get("argv", sys.argv),
-                                         "resumes": resumes, "processes": world_size, "versions": versions,
+                                         "resumes": resumes, "processes": 1, "versions": versions,
                                          "inputs": inputs})
 
 
@@ -1387,7 +1343,7 @@ def checkpoint_now(run: Run) -> None:
         save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
                         run.rng)
         run.saved_step = run.last_record["step"]
-        for old in saved_checkpoints(run.run_dir)[:-run.cfg.keep_checkpoints] if is_main() else []:   # [:-0] is empty
+        for old in saved_checkpoints(run.run_dir)[:-run.cfg.keep_checkpoints]:   # [:-0] is empty
             shutil.rmtree(own_path(old, folder=True))
 
 
@@ -1395,15 +1351,13 @@ def train_phase(run: Run) -> None:
     """GRPO steps, logged as they finish. The first Ctrl-C stops after the step in flight and checkpoints it."""
     cfg, run_dir = run.cfg, run.run_dir
     print("Starting GRPO training...")
-    metrics_file = open(own_path(run_dir / "metrics.jsonl"), "a") if is_main() else None
+    metrics_file = open(own_path(run_dir / "metrics.jsonl"), "a")
 
     def on_step(record: dict) -> None:
         run.last_record, run.rng = record, rng_state(run.optimizer)
         run.updates_at_record = getattr(run.optimizer, "updates_begun", 0)
         if cfg.save_every and record["step"] % cfg.save_every == 0:
             checkpoint_now(run)
-        if not is_main():
-            return
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
         run.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - run.t_start)
@@ -1423,9 +1377,8 @@ def train_phase(run: Run) -> None:
         write_plots(run_dir, run.summary)
         raise KeyboardInterrupt from None
     except Exception:               # a failure mid-step (CUDA error, out of memory at the smallest batch): the weights
-        # of the last finished step are still held unless an optimizer update had begun since; one process alone,
-        # since under torchrun the others may be waiting in a collective the checkpoint would join
-        if getattr(run.optimizer, "updates_begun", 0) == run.updates_at_record and world()[1] == 1:
+        # of the last finished step are still held unless an optimizer update had begun since
+        if getattr(run.optimizer, "updates_begun", 0) == run.updates_at_record:
             with contextlib.suppress(Exception):      # the failure is the news; a second one would hide it
                 checkpoint_now(run)
         raise
@@ -1472,14 +1425,13 @@ def loop_config(cfg: Config | None, **given) -> Config:
 
 def progress_bar(cfg: Config, loader, done: int):
     from tqdm.auto import tqdm
-    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True,
-                disable=None if is_main() else True)
+    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True)
 
 
 def epochs_from(loader, num_epochs: int, start: dict):
     """(epoch, iterator of (index, batch)) from where a resumed run stopped: its epoch, less the batches it used."""
     for epoch in range(start["epoch"], num_epochs):
-        if hasattr(sampler := getattr(loader, "sampler", None), "set_epoch"):   # DistributedSampler's: a new
+        if hasattr(sampler := getattr(loader, "sampler", None), "set_epoch"):   # the run's sampler: a new
             sampler.set_epoch(epoch)                                            # order each epoch, the same on resume
         batches = enumerate(loader)
         if epoch == start["epoch"]:
@@ -1497,24 +1449,22 @@ def draw_for_signal(first: Rollout, index: int, batches, sample_and_score, cfg: 
     return drawn, index
 
 
-def end_step(model, optimizer, cfg: Config, extras: LoopExtras, bar, epoch: int, index: int, sampled: Rollout,
+def end_step(optimizer, cfg: Config, extras: LoopExtras, bar, epoch: int, index: int, sampled: Rollout,
              rollout: Rollout, stats: dict, seconds: tuple, done: int) -> dict:
     """After an update: the learning-rate schedule, the step's record (logged, checkpointed by on_step), the
-    progress bar, and a stop asked for (Ctrl-C: every process stops after this same step)."""
+    progress bar, and a stop asked for (Ctrl-C: the run stops after this step)."""
     lr = optimizer.param_groups[0]["lr"]
     if extras.scheduler is not None:      # counts steps, those without an optimizer step too
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
             extras.scheduler.step()
     record = step_record(done + 1, epoch, index + 1, sampled, rollout, stats, cfg, lr, *seconds)
-    if cfg.check_replicas:
-        record["weight_checksum"] = check_replicas(model, done + 1)
     bar.update(1)
     bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
                     entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
     if extras.on_step:
         extras.on_step(record)
-    if extras.stop_flag and all_reduce(float(extras.stop_flag()), op="max")[0]:   # all stop together
+    if extras.stop_flag and extras.stop_flag():
         raise TrainingInterrupted(done + 1)
     return record
 
@@ -1526,10 +1476,8 @@ def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def wants_more_signal(drawn: list[Rollout], cfg: Config) -> bool:
-    """Whether a step should draw another batch: some process holds fewer groups with spread than asked for (all
-    processes draw together, so that they keep the same data position and as many groups)."""
-    have = sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn)
-    return bool(cfg.signal_groups) and all_reduce(float(have < cfg.signal_groups), op="max")[0] > 0
+    """Whether a step should draw another batch: it holds fewer groups with spread than --min-signal-groups."""
+    return sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn) < cfg.signal_groups
 
 
 def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -1547,7 +1495,7 @@ def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 def groups_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
     """A step's batch for the update: --batch-size groups (or --min-signal-groups, if more), those whose rewards
-    differ first; groups without spread make up the count (no gradient, and every process keeps as many rows). So
+    differ first; groups without spread make up the count (no gradient: rows_with_signal skips them). So
     --min-signal-groups is a floor: below --batch-size, a batch with that many groups with spread trains on all."""
     has = spread(rollout.rewards, cfg.group_size)
     keep = max(cfg.signal_groups, cfg.batch_size)
@@ -1567,9 +1515,7 @@ def own_path(path: Path, folder: bool = False) -> Path:
 
 
 def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(tmp) then rename tmp over `path`: a reader never sees half a file. Only the main process writes."""
-    if not is_main():
-        return
+    """write(tmp) then rename tmp over `path`: a reader never sees half a file."""
     tmp = own_path(path.with_name(path.name + ".tmp"))
     own_path(path)
     tmp.unlink(missing_ok=True)
@@ -1628,13 +1574,11 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
 
 def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, rollout: Rollout, stats: dict,
                 cfg: Config, lr: float, gen_seconds: float, update_seconds: float) -> dict:
-    """One line of metrics.jsonl: every process's samples (all drawn: `sampled`; updated on: `rollout`), the slowest
-    process's seconds."""
-    rewards, lengths, truncated = (torch.cat(parts).float() for parts in zip(*gather_objects(
-        (sampled.rewards.cpu(), sampled.completion_lengths.cpu(), sampled.truncated.cpu()))))
-    (kept,) = all_reduce(int(spread(rollout.rewards, cfg.group_size).sum()))
-    gen_seconds, update_seconds = all_reduce(gen_seconds, update_seconds, op="max")
-    has_spread = spread(rewards, cfg.group_size)                               # [groups drawn, all processes]
+    """One line of metrics.jsonl: the step's samples (all drawn: `sampled`; updated on: `rollout`)."""
+    rewards, lengths, truncated = (t.cpu().float() for t in (sampled.rewards, sampled.completion_lengths,
+                                                             sampled.truncated))
+    kept = int(spread(rollout.rewards, cfg.group_size).sum())
+    has_spread = spread(rewards, cfg.group_size)                               # [groups drawn]
     record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
               "prompts_drawn": len(has_spread), "signal_groups": int(kept),
               "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
@@ -1654,17 +1598,16 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, ro
 
 
 def save_model(path: Path, model, tokenizer, final: bool = False) -> None:
-    """save_pretrained on the main process. Under LoRA a checkpoint holds the adapters; `final` holds them in
+    """save_pretrained. Under LoRA a checkpoint holds the adapters; `final` holds them in
     adapter/ and the model with them merged in, which loads without peft: merged in fp32 and kept so, since a merge
     into bf16 weights rounds away every update below half a bf16 step (most of them at lr 1e-5), and final/ would
     not be the model that was trained and scored. It costs twice the disk of bf16 weights, once, at the end."""
     adapters = model.__dict__.get("peft_model")
-    if is_main():
-        if adapters is not None:
-            adapters.save_pretrained(path / "adapter" if final else path)
-        if adapters is None or final:
-            (adapters.to(torch.float32).merge_and_unload() if adapters is not None else model).save_pretrained(path)
-        tokenizer.save_pretrained(path)
+    if adapters is not None:
+        adapters.save_pretrained(path / "adapter" if final else path)
+    if adapters is None or final:
+        (adapters.to(torch.float32).merge_and_unload() if adapters is not None else model).save_pretrained(path)
+    tokenizer.save_pretrained(path)
 
 
 def set_rng_state(rng: dict, optimizer) -> None:
@@ -1701,20 +1644,18 @@ TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 
 def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
-    """replace_file for a folder: every process writes (it gathers their random streams), the main one renames."""
+    """replace_file for a folder: written whole as PATH.tmp, then renamed into place."""
     tmp = path.with_name(path.name + ".tmp")
-    if is_main():
-        for folder in (path, tmp):
-            own_path(folder, folder=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+    for folder in (path, tmp):
+        own_path(folder, folder=True)
+    shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
-    if is_main():
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
 
 
 def rng_state(optimizer) -> dict:
-    """This process's random streams: sampling (python, torch, cuda) and the optimizer's rounding noise."""
+    """The random streams: sampling (python, torch, cuda) and the optimizer's rounding noise."""
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
             "rounding": optimizer.rounding_state()}
@@ -1729,12 +1670,11 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
     def write(tmp: Path) -> None:
         save_model(tmp, model, tokenizer)
         state = {"optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "rng": gather_objects(rng or rng_state(optimizer)),   # by rank
+                 "scheduler": scheduler.state_dict(), "rng": [rng or rng_state(optimizer)],   # a list: by process
                  **{k: record[k] for k in ("step", "epoch", "batch_in_epoch")}}
-        if is_main():
-            tensors = {}
-            (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
-            save_file(tensors, tmp / TRAINER_STATE[1])
+        tensors = {}
+        (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
+        save_file(tensors, tmp / TRAINER_STATE[1])
 
     path = own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}"
     replace_folder(path, write)
@@ -1796,7 +1736,7 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    metrics = read_jsonl(run_dir / "metrics.jsonl", key="step") if is_main() else []
+    metrics = read_jsonl(run_dir / "metrics.jsonl", key="step")
     metrics = [{"entropy": None, "policy_kl": None, **m} for m in metrics]    # records from before these were logged
     if not metrics:
         return []
@@ -1906,7 +1846,7 @@ def pick_device(name: str) -> torch.device:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     if device.type == "cuda":
         require_gpu(name)
-        # set_device needs an index: the current GPU's if --device gives none (torchrun: init_distributed set it)
+        # set_device needs an index: the current GPU's if --device gives none
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)      # memory statistics, empty_cache and RNG state then act on this GPU
     return device
@@ -1938,9 +1878,9 @@ def enable_checkpointing(model) -> None:
 
 
 def seed_everything(seed: int) -> None:
-    """Under torchrun each process samples from its own stream (seed + rank); data order is seeded apart."""
-    random.seed(seed + world()[0])
-    torch.manual_seed(seed + world()[0])
+    """The sampling streams; data order is seeded apart (the loader's sampler)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
 
 
 class AdamWStochasticRounding(torch.optim.Optimizer):
@@ -1948,7 +1888,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
     get ordinary AdamW). Round-to-nearest drops any update below half a bf16 ulp (~0.4% of the weight): at lr 1e-6
     nearly all; rounding up or down with probability proportional to the distance keeps the expected weight exact.
     Slices of SLICE elements keep the fp32 temporaries ~100 MB (whole, Qwen's embedding would need ~5 GiB). The
-    noise has its own generator, seeded alike on every process, so DDP replicas round alike and stay identical."""
+    noise has its own generator, so that a checkpoint saves and restores it (resume is bit-exact)."""
     SLICE = 1 << 22
 
     def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0):
@@ -2063,10 +2003,8 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
             floor = cfg.group_size if knob == "generation_batch_size" else 1
             smaller = f" {flag} {max(floor, (size // 2) // floor * floor)}" if size > floor else ""
             if getattr(optimizer, "updates_begun", 0) != begun:
-                raise OutOfMemory(f"out of memory after this step's optimizer update began: not retried, which "
-                                  f"would apply it twice", smaller) from None
-            if world()[1] > 1 and smaller:       # processes cannot each halve on their own without falling out of step
-                raise OutOfMemory(f"out of GPU memory under torchrun at {flag} {size}", smaller) from None
+                raise OutOfMemory("out of memory after this step's optimizer update began: not retried, which "
+                                  "would apply it twice", smaller) from None
             if not smaller:
                 raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, "
                                   f"or start a new run with lower --max-new-tokens, --group-size or --batch-size") \
@@ -2134,67 +2072,6 @@ def with_lora(model, cfg: Config, checkpoint: Path | None):
     model = wrapper.get_base_model()
     model.__dict__["peft_model"] = wrapper      # a plain attribute: not a submodule, so state_dict() stays the model's
     return model
-
-
-# ----- Several processes: torchrun runs one copy per device; each helper is a no-op in a single process -----
-
-def world() -> tuple[int, int]:
-    """(this process's rank, number of processes)."""
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-
-
-def is_main() -> bool:
-    """Only the main process writes files and prints progress."""
-    return world()[0] == 0
-
-
-def init_distributed(device_name: str) -> None:
-    """Join the process group torchrun describes in the environment: nccl between GPUs, gloo between CPUs."""
-    world_size = os.environ.get("WORLD_SIZE", "1")
-    if not world_size.strip().isdigit():
-        raise UserError(f"WORLD_SIZE={world_size!r} is not a process count: launch with torchrun, or unset it")
-    if int(world_size) <= 1 or dist.is_initialized():
-        return
-    if "TORCHELASTIC_RUN_ID" not in os.environ:     # a leftover environment would wait for peers forever
-        raise UserError(f"WORLD_SIZE={world_size} is set but this process was not started by torchrun: launch "
-                        f"with torchrun, or unset WORLD_SIZE for one process")
-    on_gpu = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
-    if on_gpu:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if on_gpu else "gloo")
-    if not is_main():
-        sys.stdout = open(os.devnull, "w")     # one copy of the progress lines; warnings still reach stderr
-
-
-def gather_objects(obj) -> list:
-    """[obj of rank 0, obj of rank 1, ...] on every process."""
-    out = [obj] * world()[1]
-    if len(out) > 1:
-        dist.all_gather_object(out, obj)
-    return out
-
-
-def all_reduce(*values: float, op: str = "sum") -> list[float]:
-    """Sum (or max) of each value over processes (a few numbers a step: gathering them costs nothing to speak of)."""
-    return [(max if op == "max" else sum)(map(float, column)) for column in zip(*gather_objects(values))]
-
-
-def wrap_for_processes(scorer: PolicyLogprobs, device: torch.device) -> torch.nn.Module:
-    """DDP: a replica per process; it broadcasts rank 0's weights, so replicas start identical."""
-    if world()[1] == 1:
-        return scorer
-    from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def check_replicas(model, step: int) -> float:
-    """A weight checksum, compared across processes; UserError if any process holds other weights."""
-    sums = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
-                        for p in model.parameters()])
-    checksums = gather_objects(sums.cpu())
-    if any(not torch.equal(c, checksums[0]) for c in checksums):
-        raise UserError(f"--check-replicas: the processes' weights differ after step {step}")
-    return sums[:, 0].sum().item()
 
 
 # ----- Data and generated tasks: loading hub-layout folders, and word problems -----
@@ -2443,12 +2320,10 @@ def run_demo(cfg: Config, demo: DemoConfig = DemoConfig()) -> dict:
     run_dir = Path(cfg.output_dir)
     with claimed_run_dir(run_dir, resume=False, clearable=is_demo_run):
         try:
-            steps = build_demo(cfg, demo, run_dir) if is_main() else 0
+            steps = build_demo(cfg, demo, run_dir)
         except KeyboardInterrupt:
             raise UserError("interrupted while building the demo (under a minute of work): run the same command "
                             "again to start it over") from None
-        if world()[1] > 1:
-            dist.barrier()
         summary = run_phases(dataclasses.replace(cfg, model_path=absolute_if_local(str(run_dir / "demo_model")),
                                                  dataset=absolute_if_local(str(run_dir / "demo_data"))),
                              run_dir, resume=False)

@@ -86,17 +86,14 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
     spread = dataclasses.replace(rollout, advantages=torch.randn(rollout.advantages.shape,
                                                                  generator=torch.Generator().manual_seed(0)))
     silent = dataclasses.replace(rollout, advantages=torch.zeros_like(rollout.advantages))
-    scorer = gh.PolicyLogprobs(model)
     try:
         with patched(patches):
-            out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(scorer, rollout,
+            out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(model, rollout,
                                                                                                  cfg)),
-               "update, every group with spread": timed(lambda: gh.grpo_update(model, optimizer, spread, cfg,
-                                                                                scorer=scorer))}
+               "update, every group with spread": timed(lambda: gh.grpo_update(model, optimizer, spread, cfg))}
             model.load_state_dict(weights)
             optimizer.load_state_dict(state)
-            out["update, no group with spread"] = timed(lambda: gh.grpo_update(model, optimizer, silent, cfg,
-                                                                                scorer=scorer))
+            out["update, no group with spread"] = timed(lambda: gh.grpo_update(model, optimizer, silent, cfg))
     finally:
         model.load_state_dict(weights)
         optimizer.load_state_dict(state)

@@ -282,15 +282,15 @@ def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenize
     cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=4, ppo_epochs=ppo_epochs)
     rollout = _rollout(model, tok, cfg)
     optimizer = gh.build_optimizer(model.parameters(), lr=1e-3)
-    real, calls = gh.PolicyLogprobs.forward, []
+    real, calls = gh.compute_logprobs_from_model, []
     passes_before_failure = {2: 2, 1: 1}[ppo_epochs]     # epoch 2's first pass follows the old log-probs and epoch 1
 
-    def forward(self, *args, **kwargs):
+    def logprobs(*args, **kwargs):
         calls.append(torch.is_grad_enabled())
         if len(calls) > passes_before_failure and optimizer.state:        # after the optimizer's first step
             raise torch.OutOfMemoryError("CUDA out of memory")
-        return real(self, *args, **kwargs)
-    monkeypatch.setattr(gh.PolicyLogprobs, "forward", forward)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(gh, "compute_logprobs_from_model", logprobs)
     with pytest.raises(gh.OutOfMemory, match="not retried") as caught:
         gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.grpo_update(model, optimizer, rollout, cfg), optimizer)
     assert all(state["step"] == 1 for state in optimizer.state.values()), fails_in

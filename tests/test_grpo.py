@@ -506,8 +506,10 @@ def test_groups_with_signal_keeps_groups_whose_rewards_differ_first_then_makes_u
     rewards = torch.tensor([1., 1, 0, 1, 0, 0, 1, 0])             # groups of 2: [1 1] [0 1] [0 0] [1 0]
     rollout = gh.Rollout(torch.arange(16).view(8, 2), torch.ones(8, 2), torch.ones(8, 2, dtype=torch.bool), 1,
                          list("abcdefgh"), rewards, rewards - 0.5, torch.zeros(8, dtype=torch.bool), torch.ones(8))
-    cfg = gh.Config(group_size=2, min_signal_groups=2)
+    cfg = gh.Config(group_size=2, batch_size=2, min_signal_groups=2)
     assert gh.groups_with_signal(rollout, cfg).completions == list("cdgh")
+    assert gh.groups_with_signal(rollout, dataclasses.replace(cfg, min_signal_groups=1)).completions == \
+        list("cdgh")                                                # a floor: --batch-size groups, spread first
     assert gh.groups_with_signal(rollout, dataclasses.replace(cfg, min_signal_groups=3)).completions == \
         list("abcdgh")                                              # too few with spread: the first without
     assert gh.spread(rollout.rewards, 2).tolist() == [False, True, False, True]
@@ -557,10 +559,15 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
     def update():
         for p, s in zip(model.parameters(), start):
             p.data.copy_(s)
-        rows_seen, scorer = [], gh.PolicyLogprobs(model)
-        scorer.register_forward_pre_hook(lambda module, args: rows_seen.append(args[0].shape[0])
-                                         if torch.is_grad_enabled() else None)   # not policy_kl's measuring pass
-        gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg, scorer=scorer)
+        rows_seen, real = [], gh.compute_logprobs_from_model
+
+        def counting(model, input_ids, *args, **kwargs):
+            if torch.is_grad_enabled():                             # not policy_kl's measuring pass
+                rows_seen.append(input_ids.shape[0])
+            return real(model, input_ids, *args, **kwargs)
+        with monkeypatch.context() as patch:
+            patch.setattr(gh, "compute_logprobs_from_model", counting)
+            gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
         return sum(rows_seen), [p.detach().clone() for p in model.parameters()]
 
     rows_run, ours = update()

@@ -384,12 +384,11 @@ def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, 
     (run_copy / "config.json").write_text("{torn")       # damaged, and said so (#24: not "not a run directory")
     assert "config.json (damaged?)" in main_err(["--resume", run_copy], capsys)[1]
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2"), capsys)
-    assert code == 2 and "launch with torchrun" in err and not (tmp_path / "r2").exists()
-    monkeypatch.setenv("WORLD_SIZE", "two")
-    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r3"), capsys)
-    assert code == 2 and "is not a process count" in err and not (tmp_path / "r3").exists()
+    for world_size in ("2", "two"):         # torchrun's N copies would race for one run folder
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+        code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "r2"), capsys)
+        assert code == 2 and "run it with python, not torchrun" in err and not (tmp_path / "r2").exists()
+    monkeypatch.delenv("WORLD_SIZE")
 
 
 def test_a_half_written_last_metrics_line_is_dropped_on_resume(run_copy, capsys):
@@ -562,14 +561,6 @@ def test_a_failed_first_write_of_the_config_leaves_nothing_behind(model_dir, gsm
     assert code == 2 and "run the same command again" in err and not out.exists()
 
 
-def test_an_interrupted_torchrun_run_names_the_torchrun_command(tmp_path, monkeypatch):
-    (tmp_path / "config.json").write_text("{}")
-    monkeypatch.setattr(gh, "world", lambda: (0, 2))
-    monkeypatch.setattr(gh, "prepare_run", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
-    with pytest.raises(gh.UserError, match=f"resume with: torchrun --nproc_per_node=2 .* --resume {tmp_path}"):
-        gh.run_phases(gh.Config(), tmp_path, resume=True)
-
-
 @pytest.mark.parametrize("flags, message", [
     (["--advantage-eps", "1e300"], "--advantage-eps must be a finite number (in float32"),
     (["--format-reward", "1e39"], "--format-reward must be a finite number (in float32"),
@@ -680,17 +671,6 @@ def test_ctrl_c_while_the_libraries_load_is_one_line():
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err and err.strip().startswith("error: interrupted"), err
-
-
-def test_a_leftover_torchrun_environment_is_refused_before_the_rendezvous(model_dir, gsm8k_dir, tmp_path, capsys,
-                                                                           monkeypatch):
-    for name, value in dict(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT="29512").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.setattr(gh.dist, "init_process_group", lambda *a, **k: pytest.fail("waits for a peer forever"))
-    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "run"), capsys)
-    assert code == 2 and "not started by torchrun" in err and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("empty, message", [("test", "split 'test[:4]' of {data} has no rows"),
