@@ -636,8 +636,8 @@ def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks=None) -> torch
     with inference_mode(model):
         for rows, used in micro_batches(rollout, cfg.micro_batch_size) if chunks is None else chunks:
             out[rows, :used] = compute_logprobs_from_model(
-                model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used], temperature=cfg.temperature,
-                prompt_length=rollout.prompt_length, chunk_size=cfg.logprob_chunk_size)
+                model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
+                temperature=cfg.temperature, prompt_length=rollout.prompt_length, chunk_size=cfg.logprob_chunk_size)
     return out
 
 
