@@ -8,7 +8,7 @@ samples. No value network, no reward model.
 Method choices (each a flag; the defaults are the GRPO paper's unless noted):
 - Advantages: (r - group mean) / (group std + eps), std unbiased; a group of equal rewards gets exactly 0.
 - Loss: Dr. GRPO's token sum / (max-new-tokens x completions), since the paper's mean per completion (`--loss-agg
-  seq-mean`) weighs a long answer's tokens less and lets wrong answers grow. One PPO epoch: every ratio is exactly 1.
+  seq-mean`) weighs a long answer's tokens less (Liu et al. 2025). One PPO epoch: every ratio is exactly 1.
 - KL penalty: none by default (`--kl-coef 0`, as TRL and Dr. GRPO default it; the paper uses 0.04): at lr 1e-6
   the policy stays near its start anyway, and no reference model saves a copy of the weights and a forward pass.
 - Masking by position, never by token value (Qwen's pad token is an EOS): tokens up to and including the first EOS.
@@ -20,7 +20,7 @@ Method choices (each a flag; the defaults are the GRPO paper's unless noted):
   fp32 elsewhere. Log-softmax in fp32 over chunks of completion positions, never a whole (rows x seq x vocab).
 - Signal: a step draws further batches (up to `--max-draws`) until `--batch-size` groups have reward spread, and
   updates on those (DAPO's dynamic sampling; `--min-signal-groups` sets another count, 0 none); a step with none
-  takes no optimizer step (AdamW would replay its momentum). Settings are chosen on `--val-size` held-out problems.
+  takes no optimizer step (AdamW would replay its momentum). `--val-size` holds out problems to choose settings on.
 - Learning rate: linear warm-up over `--lr-warmup-steps`, then constant (`--lr-decay`: linear to 0 at the end).
 - Full fine-tuning, or `--lora-rank R`: peft's LoRA adapters in the body's linear layers, the rest frozen.
 - A step: 4 prompts x 16 samples in one generate call (launch-bound on a GPU: 4x the samples, 1.1-1.2x the time).
