@@ -138,6 +138,8 @@ class Config:
     keep_checkpoints: int = _flag(0, "keep only the newest N checkpoints, deleting older ones (0 = keep all)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
+    eval_only: bool = _flag(False, "score MODEL_PATH greedily (the evaluation before) and stop: a saved model at "
+                            "another --max-new-tokens, say; nothing trains and no final/ is written")
     signal_groups = property(lambda c: c.batch_size if c.min_signal_groups == -1 else c.min_signal_groups)  # not a flag
 
 
@@ -834,8 +836,10 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
     try:
         run = prepare_run(cfg, run_dir, resume)
         for phase, do in (("the evaluation before training", evaluate_before), ("training", train_phase),
-                          ("the final evaluation and save", finish_run)):
+                          ("the final evaluation and save", finish_run))[:1 if cfg.eval_only else 3]:
             do(run)
+        if cfg.eval_only:
+            write_json(run_dir / "summary.json", {**run.summary, "finished": True})
         return run.summary
     except UserError:
         raise
@@ -1277,8 +1281,9 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         run.t_start -= run.summary.get("wall_seconds", 0.0)
         run.saved_step = run.start["step"]
     elif resume and run.summary.get("finished"):          # its checkpoints were deleted: never retrain over it
-        raise UserError(f"{run_dir} finished, and it has no checkpoint left to continue from: its trained model is "
-                        f"in {run_dir / 'final'}; start a new run from there to train it further")
+        raise UserError(f"{run_dir} finished (--eval-only: its evaluation is in eval_before.jsonl)" if cfg.eval_only
+                        else f"{run_dir} finished, and it has no checkpoint left to continue from: its trained model "
+                        f"is in {run_dir / 'final'}; start a new run from there to train it further")
     elif resume:
         print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
               file=sys.stderr)

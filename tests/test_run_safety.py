@@ -989,3 +989,17 @@ def test_a_run_whose_training_problems_ran_out_is_finished(model_dir, gsm8k_dir,
         code, err = main_err(["--resume", out, *extra], capsys)
         assert code == 2 and "its training problems ran out; pass a larger --num-epochs (now 1)" in err, err
     assert all(p.stat().st_mtime_ns == t for p, t in written.items())
+
+
+def test_eval_only_scores_a_model_at_its_own_budget_and_trains_nothing(model_dir, gsm8k_dir, tmp_path, capsys):
+    """How a saved model (a run's final/, or the starting one) is scored at another --max-new-tokens: the evaluation
+    before training, and nothing else; finished, so a resume has nothing to do."""
+    out = tmp_path / "score"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--eval-only", "--max-new-tokens", "5")) == 0
+    assert not (out / "final").exists() and not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 0 and "accuracy_after" not in summary
+    records = [json.loads(line) for line in (out / "eval_before.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and max(r["tokens"] for r in records) == 5 and any(r["truncated"] for r in records)
+    code, err = main_err(["--resume", out], capsys)
+    assert code == 2 and "finished (--eval-only" in err
