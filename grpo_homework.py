@@ -492,7 +492,10 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
                                   position_ids=position_ids_from_mask(attention_mask)).last_hidden_state[:, start - 1:]
     # 2. Shift: the state at position t - 1 predicts token t
     hidden, targets = hidden[:, :-1], input_ids[:, start:]               # [batch, seq - start, hidden], [.., ..]
-    # 3. logits / T, log-softmax in fp32, gather the sampled token (token_logprobs, a chunk of positions at a time)
+    # 3. logits / T, log-softmax in fp32, gather the sampled token (token_logprobs, a chunk of positions at a time).
+    #    The logits are hidden @ LM-head weight: a model with another final transform is refused at load
+    #    (check_logits_are_scored). tests/test_grpo.py holds all of this equal, in value and gradient, to the
+    #    per-row formula log_softmax(model(x).logits / T).gather(x) with left padding and prompt_length.
     logprobs, entropy = ChunkedLogprobs.apply(hidden.flatten(0, 1), model.get_output_embeddings().weight,
                                               targets.flatten(), temperature, chunk_size, with_entropy)
     logprobs, entropy = (F.pad(v.view(batch, seq - start), (start, 0)) for v in (logprobs, entropy))
@@ -508,9 +511,10 @@ def token_logprobs(hidden, weight, targets, temperature, with_entropy=False):
 
 class ChunkedLogprobs(torch.autograd.Function):
     """token_logprobs over chunks of positions, so that one chunk's [chunk, vocab] fp32 logits are alive at a time,
-    forward and backward: whole, they would be [rows x seq, 151,936] (4.7 GB for 4 x 1,024 tokens). Backward
-    recomputes a chunk's logits and uses d log_softmax(z)[t] / dz = onehot(t) - softmax(z), with z = logits / T.
-    (torch.utils.checkpoint around the chunks holds a second LM-head-sized gradient: +1.26 GB, bench_memory.py.)"""
+    forward and backward: whole, the logits and their log-softmax would be 2 x [rows x seq, 151,936] in fp32
+    (4.6 GiB for 4 x 1,024 tokens). Backward recomputes a chunk's logits and uses d log_softmax(z)[t] / dz =
+    onehot(t) - softmax(z), with z = logits / T. (torch.utils.checkpoint around the chunks holds a second
+    LM-head-sized gradient: +1.26 GB in tests/bench_memory.py, whose measurement tests/test_grpo.py bounds.)"""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy):
@@ -743,7 +747,8 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                max_new_tokens=256, *, cfg: Config | None = None, extras: LoopExtras | None = None):
     """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update. Returns the
     per-step history (list of dicts). The template's arguments are settings of cfg: without cfg they are the
-    settings (the rest at Config's defaults; no step limit, a step per batch); with cfg they must equal its fields."""
+    settings, the rest at Config's defaults (Dr. GRPO's loss; no step limit, a step per batch); with cfg they must
+    equal its fields."""
     cfg = loop_config(cfg, num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps,
                       max_new_tokens=max_new_tokens)
     extras = extras or LoopExtras()
@@ -800,6 +805,17 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
     n = max(len(records), 1)
     return ({"accuracy": sum(r["correct"] for r in records) / n,
              "format_rate": sum(r["well_formed"] for r in records) / n}, records)
+
+
+def flips(before: list[dict], after: list[dict]) -> dict:
+    """A paired comparison of two evaluations of the same problems: gained (wrong -> right), lost (right -> wrong),
+    and the two-sided exact sign test over those flips, the chance of a split at least this lopsided if a flip
+    were as likely either way (unchanged problems carry no information about the difference)."""
+    gained = sum(a["correct"] and not b["correct"] for b, a in zip(before, after))
+    lost = sum(b["correct"] and not a["correct"] for b, a in zip(before, after))
+    n, k = gained + lost, min(gained, lost)
+    return {"gained": gained, "lost": lost,
+            "sign_test_p": min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0}
 
 
 # ===== Part 5: main ================================================================================================
@@ -1400,13 +1416,15 @@ def finish_run(run: Run) -> None:
     checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
     after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
+    paired = flips(read_jsonl(run_dir / "eval_before.jsonl"), after_records)
     print(f"Accuracy before training: {run.summary['accuracy_before']:.2%}")
-    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%})")
+    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%}; {paired['gained']} "
+          f"gained, {paired['lost']} lost, sign test p = {paired['sign_test_p']:.2g})")
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(read_jsonl(run_dir / "eval_before.jsonl"), after_records))[:cfg.show_examples]:
         print(f"\nQ: {b['question']}\n   gold {show_number(b['gold'])} | before: {show(b)} | after: {show(a)}")
     replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, final=True))
-    run.summary.update(accuracy_after=after["accuracy"], after=after, finished=True,
+    run.summary.update(accuracy_after=after["accuracy"], after=after, **paired, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
     write_jsonl(run_dir / "eval_after.jsonl", after_records)
@@ -1814,8 +1832,9 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
     same_problems(before, after)
     lines = ["# Answers before and after training", "",
              f"Greedy decoding on {len(pairs)} {recorded_config(run_dir).get('eval_split', 'test')} problems: "
-             f"{sum(b['correct'] for b, _ in pairs)} correct before, "
-             f"{sum(a['correct'] for _, a in pairs)} after.", ""]
+             f"{sum(b['correct'] for b, _ in pairs)} correct before, {sum(a['correct'] for _, a in pairs)} after: "
+             "{gained} gained, {lost} lost (two-sided sign test p = {sign_test_p:.2g}).".format(**flips(before, after)),
+             ""]
 
     def cell(r: dict) -> str:
         text = (r["completion"] or "").strip()

@@ -68,6 +68,10 @@ def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
     assert summary["steps"] == 2 and summary["wall_seconds"] > 0 and summary["finished"]
+    before, after = ([json.loads(line) for line in (out / name).read_text().splitlines()]
+                     for name in ("eval_before.jsonl", "eval_after.jsonl"))
+    assert summary["gained"] == sum(a["correct"] > b["correct"] for b, a in zip(before, after))
+    assert summary["lost"] == sum(a["correct"] < b["correct"] for b, a in zip(before, after)) and summary["sign_test_p"]
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["kl_coef"] == 0.05 and config["config"]["group_size"] == 4 and "torch" in config["versions"]
     for name in ("eval_before.jsonl", "eval_after.jsonl"):

@@ -709,3 +709,15 @@ def test_todo4_memory_stays_within_a_third_of_the_full_logits_path():
                                      check=True, timeout=300).stdout.split()[0]) for path in ("naive", "ours", "body")}
     assert mb["naive"] - mb["body"] > 1000, mb          # the full logits are large enough to tell the paths apart
     assert mb["ours"] - mb["body"] <= (mb["naive"] - mb["body"]) / 3, mb
+
+
+@pytest.mark.parametrize("gained, lost, p", [(0, 0, 1.0), (7, 7, 1.0), (5, 1, 2 * (1 + 6) / 64),
+                                             (3, 0, 2 / 8), (20, 25, 0.5515), (114, 10, 1.68e-23)])
+def test_flips_counts_the_paired_changes_and_their_two_sided_sign_test(gained, lost, p):
+    """Hand-computed: 5 / 1 is P(X <= 1) = (1 + 6) / 64, doubled; 3 / 0 is 2 / 2**3; 20 / 25 and 114 / 10 are
+    report.md's run 3 (p = 0.55) and demo (p = 2e-23, 1.68e-23 to three places)."""
+    before = [{"correct": False}] * gained + [{"correct": True}] * lost + [{"correct": True}] * 5
+    after = [{"correct": True}] * gained + [{"correct": False}] * lost + [{"correct": True}] * 5
+    got = gh.flips(before, after)
+    assert (got["gained"], got["lost"]) == (gained, lost)
+    assert got["sign_test_p"] == pytest.approx(p, rel=2e-3, abs=0)
