@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import math
@@ -1307,7 +1308,8 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         write_jsonl(run_dir / "metrics.jsonl",
                     [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
     resumes = earlier.get("resumes", []) + [{"argv": sys.argv, "at_step": run.start["step"]}] if resume else []
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                **({"peft": importlib.metadata.version("peft")} if cfg.lora_rank else {})}
     write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": earlier.get("argv", sys.argv),
                                          "resumes": resumes, "processes": 1, "versions": versions,
                                          "inputs": inputs})

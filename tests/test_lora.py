@@ -33,6 +33,9 @@ def lora_run(warm_model_dir, addition_dir, tmp_path_factory):
 def test_checkpoints_hold_the_adapters_and_their_optimizer_state_only(lora_run, warm_model_dir):
     checkpoint = lora_run / "checkpoints" / "step-2"
     assert (checkpoint / "adapter_model.safetensors").exists() and not (checkpoint / "model.safetensors").exists()
+    import json
+    import peft
+    assert json.loads((lora_run / "config.json").read_text())["versions"]["peft"] == peft.__version__
     adapters = load_file(checkpoint / "adapter_model.safetensors")
     assert adapters and all("lora_A" in k or "lora_B" in k for k in adapters)
     assert not any("lm_head" in k or "embed" in k for k in adapters)             # all-linear: the body's layers
