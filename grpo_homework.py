@@ -794,7 +794,7 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
     from tqdm.auto import tqdm
     loader = DataLoader(dataset, cfg.eval_batch_size, collate_fn=lambda b: collate_prompts(b, tokenizer))
     records = []
-    for batch in tqdm(loader, desc=desc, dynamic_ncols=True):
+    for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):     # None: no bar in a log file
         out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(    # halving splits the batch
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
@@ -1064,6 +1064,9 @@ def saved_config(run_dir: Path) -> Config:
     gone = {("parallel", "ddp"), ("check_replicas", False)}        # flags of earlier versions, at what one process ran
     saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch
              **{k: v for k, v in recorded_config(run_dir).items() if (k, v) not in gone}}
+    if "eval_only" not in saved and 0 < saved["min_signal_groups"] < saved.get("batch_size", Config.batch_size):
+        raise UserError(f"{run_dir} trained on exactly --min-signal-groups {saved['min_signal_groups']} groups a step, "
+                        f"as versions before 2026-11-25 did (now a floor): this version cannot continue it alike")
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
     if unknown := sorted(set(saved) - set(Config.__dataclass_fields__)):
@@ -1451,7 +1454,7 @@ def loop_config(cfg: Config | None, **given) -> Config:
 
 def progress_bar(cfg: Config, loader, done: int):
     from tqdm.auto import tqdm
-    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True)
+    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True, disable=None)
 
 
 def epochs_from(loader, num_epochs: int, start: dict):

@@ -286,12 +286,11 @@ def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenize
     cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=4, ppo_epochs=ppo_epochs)
     rollout = _rollout(model, tok, cfg)
     optimizer = gh.build_optimizer(model.parameters(), lr=1e-3)
-    real, calls = gh.compute_logprobs_from_model, []
-    passes_before_failure = {2: 2, 1: 1}[ppo_epochs]     # epoch 2's first pass follows the old log-probs and epoch 1
+    real, failed = gh.compute_logprobs_from_model, []
 
-    def logprobs(*args, **kwargs):
-        calls.append(torch.is_grad_enabled())
-        if len(calls) > passes_before_failure and optimizer.state:        # after the optimizer's first step
+    def logprobs(*args, **kwargs):     # runs out once, at the first pass after the optimizer's first step (epoch 2's
+        if optimizer.state and not failed:     # forward, or the policy_kl pass): a retry would then succeed
+            failed.append(fails_in)
             raise torch.OutOfMemoryError("CUDA out of memory")
         return real(*args, **kwargs)
     monkeypatch.setattr(gh, "compute_logprobs_from_model", logprobs)
@@ -370,6 +369,8 @@ print("oneDNN on:", torch.backends.mkldnn.enabled)
 """
 
 
+@pytest.mark.skipif(not gh.weight_dtype("auto", torch.device("cpu")) == torch.bfloat16,
+                    reason="this CPU computes bf16 without oneDNN's native kernels, where the trap cannot show")
 def test_a_bf16_evaluation_batch_of_100_rows_keeps_onednn_on():
     """Qwen's LM-head shape, frozen, in bf16: the last position's strided slice made oneDNN ask for 100 x 896 x
     151,936 x 2 bytes (27 GB), fail, and turn itself off for the process. In a subprocess: a failure would slow

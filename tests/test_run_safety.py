@@ -379,6 +379,11 @@ def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, 
     (run_copy / "config.json").write_text(json.dumps({**saved, "config": {k: v for k, v in saved["config"].items()
                                                                            if k != "min_signal_groups"}}))
     assert gh.saved_config(run_copy).signal_groups == 0          # recorded before signal filling: a step per batch
+    exact = {k: v for k, v in saved["config"].items() if k != "eval_only"} | {"min_signal_groups": 1}
+    (run_copy / "config.json").write_text(json.dumps({**saved, "config": exact}))      # before the floor (11-25)
+    assert "trained on exactly --min-signal-groups 1 groups a step" in main_err(["--resume", run_copy], capsys)[1]
+    (run_copy / "config.json").write_text(json.dumps({**saved, "config": exact | {"eval_only": False}}))
+    assert gh.saved_config(run_copy).min_signal_groups == 1                # recorded today: a floor, resumable
     (run_copy / "config.json").write_text(json.dumps(older("fsdp")))
     assert "unknown setting(s) parallel" in main_err(["--resume", run_copy], capsys)[1]
     (run_copy / "config.json").write_text("{torn")       # damaged, and said so (#24: not "not a run directory")
