@@ -658,7 +658,7 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None)
     ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(ref_model, rollout, cfg)
     chunks = list(micro_batches(rollout, cfg.micro_batch_size))          # none when no row has signal
     # Each micro-batch's loss is scaled so that the accumulated gradient is the full batch's: by its share of the
-    # rows, or for token-mean of the tokens
+    # rows, or under token-mean its share of the tokens
     weights = [rollout.loss_mask[rows].sum().item() / max(tokens_all, 1) if cfg.loss_agg == "token-mean"
                else len(rollout.loss_mask[rows]) / rows_all for rows, _ in chunks]
     # The share of the loss the update ran, so that stats average those rows; 0 when every completion is masked
