@@ -879,7 +879,8 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
     if cfg.dtype == "auto":   # recorded as it resolves, so a resume keeps it; a record's auto predates bf16 on CPUs
-        cfg.dtype = "float32" if resume and device.type == "cpu" else str(weight_dtype("auto", device))[6:]
+        cfg.dtype = "float32" if resume and device.type == "cpu" else \
+            str(weight_dtype("auto", device)).removeprefix("torch.")
     seed_everything(cfg.seed)
     checkpoint = (saved_checkpoints(run_dir) or [None])[-1] if resume else None     # the newest
 
@@ -1422,12 +1423,13 @@ def finish_run(run: Run) -> None:
     checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
     after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
-    paired = flips(read_jsonl(run_dir / "eval_before.jsonl"), after_records)
+    before_records = read_jsonl(run_dir / "eval_before.jsonl")
+    paired = flips(before_records, after_records)
     print(f"Accuracy before training: {run.summary['accuracy_before']:.2%}")
     print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%}; {paired['gained']} "
           f"gained, {paired['lost']} lost, sign test p = {paired['sign_test_p']:.2g})")
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
-    for b, a in list(zip(read_jsonl(run_dir / "eval_before.jsonl"), after_records))[:cfg.show_examples]:
+    for b, a in list(zip(before_records, after_records))[:cfg.show_examples]:
         print(f"\nQ: {b['question']}\n   gold {show_number(b['gold'])} | before: {show(b)} | after: {show(a)}")
     replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, final=True))
     run.summary.update(accuracy_after=after["accuracy"], after=after, **paired, finished=True,
@@ -2031,7 +2033,8 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
             torch.cuda.empty_cache()        # a no-op unless CUDA is in use
             size, flag = getattr(cfg, knob), flag_name(knob)
             floor = cfg.group_size if knob == "generation_batch_size" else 1
-            smaller = f" {flag} {max(floor, (size // 2) // floor * floor)}" if size > floor else ""
+            halved = max(floor, (size // 2) // floor * floor)
+            smaller = f" {flag} {halved}" if size > floor else ""
             if getattr(optimizer, "updates_begun", 0) != begun:
                 raise OutOfMemory("out of memory after this step's optimizer update began: not retried, which "
                                   "would apply it twice", smaller) from None
@@ -2039,7 +2042,7 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
                 raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, "
                                   f"or start a new run with lower --max-new-tokens, --group-size or --batch-size") \
                     from None
-            setattr(cfg, knob, int(smaller.split()[-1]))
+            setattr(cfg, knob, halved)
             print(f"warning: out of GPU memory; retrying with{smaller}", file=sys.stderr)
 
 
@@ -2079,12 +2082,12 @@ def with_lora(model, cfg: Config, checkpoint: Path | None):
     """The model with peft's LoRA adapters in its linear layers (only they train), new or a checkpoint's. Training
     runs the model itself, whose layers peft changed in place; peft's wrapper is kept beside it to save them."""
     from peft import LoraConfig, PeftModel, get_peft_model
-    nn = torch.nn
     targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in
                                                                          cfg.lora_targets.split(",") if t.strip()]
     # Only the body's linear layers: the log-prob path reads the LM head as a weight (an adapter there would never
     # train), Qwen ties the embedding to it (a merge would change both), and a misspelt name would pass in silence
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.base_model.named_modules() if type(m) is nn.Linear})
+    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.base_model.named_modules()
+                     if type(module) is torch.nn.Linear})
     unknown = [] if targets == "all-linear" else [t for t in targets if t not in linear]
     if unknown:
         raise UserError(f"--lora-targets {cfg.lora_targets}: {', '.join(map(repr, unknown))} is not among the body's "
