@@ -1,0 +1,87 @@
+"""Figures of the GSM8K run, from its records alone: python analyze.py [RUN_DIR] [CURVES_PNG]
+For each pair of evaluations of the same problems (eval_before/after.jsonl at the training budget; the *_512 pair
+at 512 tokens), the report's row: accuracy (right = the reward's reader; strict = right and in a well-formed final
+line), flips and their two-sided exact sign test, cut share, mean length, right of the finished; then the
+per-step table. With CURVES_PNG, one figure of four curves per step: sampled reward, length, cut share, policy_kl."""
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def sign_test(gained, lost):
+    n, k = gained + lost, min(gained, lost)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+def compare(before, after, label):
+    assert [b["question"] for b in before] == [a["question"] for a in after], "not the same problems"
+    n = len(before)
+    print(f"\n## {label}: {n} problems, greedy")
+    print("| | right (lenient) | strict | cut | mean tokens | right of finished |\n|---|---|---|---|---|---|")
+    for name, recs in (("before", before), ("after", after)):
+        done = [r for r in recs if not r["truncated"]]
+        print(f"| {name} | {sum(r['correct'] for r in recs)} ({100 * sum(r['correct'] for r in recs) / n:.1f}%) "
+              f"| {sum(r['correct'] and r['well_formed'] for r in recs)} | {n - len(done)} "
+              f"| {sum(r['tokens'] for r in recs) / n:.0f} | {sum(r['correct'] for r in done)} of {len(done)} |")
+    for kind, ok in (("lenient", lambda r: r["correct"]), ("strict", lambda r: r["correct"] and r["well_formed"])):
+        gained = [i for i in range(n) if ok(after[i]) and not ok(before[i])]
+        lost = [i for i in range(n) if ok(before[i]) and not ok(after[i])]
+        print(f"{kind}: gained {len(gained)}, lost {len(lost)}, sign test p = {sign_test(len(gained), len(lost)):.3g}")
+        if kind == "lenient":
+            print(f"  gains cut before: {sum(before[i]['truncated'] for i in gained)} (the others finished wrong); "
+                  f"losses cut after: {sum(after[i]['truncated'] for i in lost)}\n  gained records: {gained}\n"
+                  f"  lost records: {lost}")
+
+
+def main(run):
+    run = Path(run)
+    for suffix, label in (("", "at the training budget"), ("_512", "at 512 new tokens (--eval-only)")):
+        pair = [run / f"eval_{when}{suffix}.jsonl" for when in ("before", "after")]
+        if all(p.exists() for p in pair):
+            compare(*map(rows, pair), label)
+    keys = ("step", "prompts_drawn", "signal_groups", "reward_mean", "truncated_frac", "completion_len_mean",
+            "policy_kl", "gen_seconds", "update_seconds")
+    print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    metrics = rows(run / "metrics.jsonl")
+    for m in metrics:
+        print("| " + " | ".join(f"{m.get(k, ''):.3g}" if isinstance(m.get(k), float) else str(m.get(k, ""))
+                                for k in keys) + " |")
+    gen, upd = sum(m["gen_seconds"] for m in metrics), sum(m["update_seconds"] for m in metrics)
+    print(f"\n{len(metrics)} steps: generation {gen / 60:.0f} min, update {upd / 60:.0f} min")
+    return metrics
+
+
+def plot_curves(run, metrics, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    summary = json.loads((Path(run) / "summary.json").read_text())
+    steps = [m["step"] for m in metrics]
+    panels = (("reward_mean", "mean reward, all samples drawn (dashed: greedy accuracy)"),
+              ("completion_len_mean", "mean completion length, tokens"),
+              ("truncated_frac", "share of samples cut at the token limit"),
+              ("policy_kl", "policy_kl: KL(before || after), nats a token"))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6))
+    for ax, (key, title) in zip(axes.flat, panels):
+        ax.plot(steps, [m[key] for m in metrics], "o-")
+        ax.set(title=title, xlabel="step")
+        ax.grid(alpha=0.3)
+    for key, color, when in (("accuracy_before", "tab:red", "before"), ("accuracy_after", "tab:green", "after")):
+        if key in summary:
+            axes[0, 0].axhline(summary[key], color=color, linestyle="--", label=f"{when} {summary[key]:.1%}")
+    axes[0, 0].legend()
+    axes[1, 1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+if __name__ == "__main__":
+    folder = sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent
+    recorded = main(folder)
+    if len(sys.argv) > 2:
+        plot_curves(folder, recorded, sys.argv[2])
