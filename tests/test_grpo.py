@@ -417,7 +417,7 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
     start = [p.detach().clone() for p in model.parameters()]
     # reference: the whole batch in one piece, straight from the TODO functions
     lp = gh.compute_logprobs_from_model(model, rollout.output_ids, rollout.attention_mask,
-                                        prompt_length=rollout.prompt_length)
+                                        temperature=cfg.temperature, prompt_length=rollout.prompt_length)
     loss = gh.compute_policy_loss(lp, lp.detach(), rollout.advantages, rollout.loss_mask, loss_agg=loss_agg,
                                   num_tokens=cfg.max_new_tokens)
     model.zero_grad(set_to_none=True)
@@ -473,6 +473,7 @@ def test_policy_kl_is_the_kl_from_the_policy_before_the_step_to_after_on_the_fir
     rollout = _rollout(model, tok, cfg)                            # random advantages: every row has signal
     rows = slice(0, 5)
     logprobs = lambda: gh.compute_logprobs_from_model(model, rollout.output_ids[rows], rollout.attention_mask[rows],
+                                                      temperature=cfg.temperature,
                                                       prompt_length=rollout.prompt_length).detach()
     assert gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, cfg)["policy_kl"] < 1e-7
     before = logprobs()
