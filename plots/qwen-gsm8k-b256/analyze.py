@@ -22,11 +22,12 @@ def compare(before, after, label):
     assert [b["question"] for b in before] == [a["question"] for a in after], "not the same problems"
     n = len(before)
     print(f"\n## {label}: {n} problems, greedy")
-    print("| | right (lenient) | strict | cut | mean tokens | right of finished |\n|---|---|---|---|---|---|")
+    print("| | right (lenient) | strict | well-formed | cut | mean tokens | right of finished |\n|---|---|---|---|---|---|---|")
     for name, recs in (("before", before), ("after", after)):
         done = [r for r in recs if not r["truncated"]]
         print(f"| {name} | {sum(r['correct'] for r in recs)} ({100 * sum(r['correct'] for r in recs) / n:.1f}%) "
-              f"| {sum(r['correct'] and r['well_formed'] for r in recs)} | {n - len(done)} "
+              f"| {sum(r['correct'] and r['well_formed'] for r in recs)} | {sum(r['well_formed'] for r in recs)} "
+              f"| {n - len(done)} "
               f"| {sum(r['tokens'] for r in recs) / n:.0f} | {sum(r['correct'] for r in done)} of {len(done)} |")
     for kind, ok in (("lenient", lambda r: r["correct"]), ("strict", lambda r: r["correct"] and r["well_formed"])):
         gained = [i for i in range(n) if ok(after[i]) and not ok(before[i])]
@@ -45,7 +46,7 @@ def main(run):
         if all(p.exists() for p in pair):
             compare(*map(rows, pair), label)
     keys = ("step", "prompts_drawn", "signal_groups", "reward_mean", "truncated_frac", "completion_len_mean",
-            "policy_kl", "gen_seconds", "update_seconds")
+            "policy_kl", "entropy", "gen_seconds", "update_seconds")
     print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     metrics = rows(run / "metrics.jsonl")
     for m in metrics:
