@@ -24,8 +24,8 @@ def compare(before, after, label):
     print(f"\n## {label}: {n} problems, greedy")
     print("| | right (lenient) | strict | well-formed | cut | mean tokens | right of finished |\n|---|---|---|---|---|---|---|")
     for name, recs in (("before", before), ("after", after)):
-        done = [r for r in recs if not r["truncated"]]
-        print(f"| {name} | {sum(r['correct'] for r in recs)} ({100 * sum(r['correct'] for r in recs) / n:.1f}%) "
+        done, right = [r for r in recs if not r["truncated"]], sum(r["correct"] for r in recs)
+        print(f"| {name} | {right} ({100 * right / n:.1f}%) "
               f"| {sum(r['correct'] and r['well_formed'] for r in recs)} | {sum(r['well_formed'] for r in recs)} "
               f"| {n - len(done)} "
               f"| {sum(r['tokens'] for r in recs) / n:.0f} | {sum(r['correct'] for r in done)} of {len(done)} |")
