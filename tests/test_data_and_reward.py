@@ -132,6 +132,24 @@ def test_train_grpo_called_with_the_templates_arguments_takes_a_step_per_batch(m
     assert [(h["step"], h["prompts_drawn"], h["no_signal"]) for h in history] == [(s, 1, True) for s in (1, 2, 3)]
 
 
+def test_train_grpo_reads_the_gold_from_a_default_collated_answer_key(model_and_tokenizer, monkeypatch):
+    """A grader's loader may batch the dataset's items with torch's default_collate, which stacks each item's
+    "answer" into a tensor under that key: the rewards must be the same as from collate_prompts' "answers" list."""
+    model, tokenizer = model_and_tokenizer
+    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
+        "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
+        "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
+        "completions": ["#### 5", "#### 6"], "completion_lengths": torch.tensor([2, 2])})
+    seen, real_update = [], gh.grpo_update
+    monkeypatch.setattr(gh, "grpo_update", lambda model, optimizer, rollout, *a, **k: seen.append(rollout) or
+                        real_update(model, optimizer, rollout, *a, **k))
+    item = {"input_ids": torch.zeros(1, dtype=torch.long), "attention_mask": torch.ones(1, dtype=torch.long),
+            "prompt": "Q", "answer": 5.0}
+    batch = torch.utils.data.default_collate([item])
+    gh.train_grpo(model, tokenizer, [batch], torch.optim.SGD(model.parameters(), lr=0.0), "cpu", 1, 2, 0.2, 4)
+    assert seen[-1].rewards.tolist() == [1.0, 0.0]
+
+
 # ----- dataset and collate -----
 
 def test_dataset_tokenizes_the_template_prompt(gsm8k_dir, tokenizer):
