@@ -1,8 +1,9 @@
 """Figures of the GSM8K run, from its records alone: python analyze.py [RUN_DIR] [CURVES_PNG]
 For each pair of evaluations of the same problems (eval_before/after.jsonl at the training budget; the *_512 pair
 at 512 tokens), the report's row: accuracy (right = the reward's reader; strict = right and in a well-formed final
-line), flips and their two-sided exact sign test, cut share, mean length, right of the finished; then the
-per-step table. With CURVES_PNG, one figure of four curves per step: sampled reward, length, cut share, policy_kl."""
+line), flips and their two-sided exact sign test, cut share, mean length, right of the finished; the free
+control's row (control-test-256.json) beside the first pair; then the per-step table. With CURVES_PNG, one
+figure of four curves per step: sampled reward, length, cut share, policy_kl."""
 import json
 import math
 import sys
@@ -16,6 +17,23 @@ def rows(path):
 def sign_test(gained, lost):
     n, k = gained + lost, min(gained, lost)
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+def flip_counts(base, other, ok=lambda r: r["correct"]):
+    gained = sum(ok(o) and not ok(b) for b, o in zip(base, other))
+    lost = sum(ok(b) and not ok(o) for b, o in zip(base, other))
+    return f"{gained} / {lost}, p = {sign_test(gained, lost):.3g}"
+
+
+def control_row(run, before, after):
+    """The free control (control.sh: the starting model told "Be concise.", no training) on the same problems."""
+    recs = json.loads((run / "control-test-256.json").read_text())["greedy"]["boxed-concise"]["records"]
+    assert [r["question"] for r in recs] == [b["question"] for b in before], "not the same problems"
+    done, right = [r for r in recs if not r["truncated"]], sum(r["correct"] for r in recs)
+    print(f"\ncontrol: {right} right ({100 * right / len(recs):.1f}%), strict "
+          f"{sum(r['correct'] and r['well_formed'] for r in recs)}, cut {len(recs) - len(done)}, mean tokens "
+          f"{sum(r['tokens'] for r in recs) / len(recs):.0f}, right of finished {sum(r['correct'] for r in done)} of "
+          f"{len(done)}; against before {flip_counts(before, recs)}; trained against it {flip_counts(recs, after)}")
 
 
 def compare(before, after, label):
@@ -45,6 +63,8 @@ def main(run):
         pair = [run / f"eval_{when}{suffix}.jsonl" for when in ("before", "after")]
         if all(p.exists() for p in pair):
             compare(*map(rows, pair), label)
+            if not suffix and (run / "control-test-256.json").exists():
+                control_row(run, *map(rows, pair))
     keys = ("step", "prompts_drawn", "signal_groups", "reward_mean", "truncated_frac", "completion_len_mean",
             "policy_kl", "entropy", "gen_seconds", "update_seconds")
     print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
