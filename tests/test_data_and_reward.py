@@ -98,15 +98,21 @@ def test_strict_answer_counts_a_right_answer_only_in_the_final_answer_line():
         [1.2, 0.0, 0.0, 0.2, 0.0])
 
 
-def test_training_rewards_with_the_runs_strict_answer_flag(model_and_tokenizer, monkeypatch):
-    model, tokenizer = model_and_tokenizer
+def sampled_and_updated(monkeypatch, completions: list[str]) -> list:
+    """Sampling replaced by two fixed completions of a 1-token prompt; the rollouts the update gets, recorded."""
     monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
         "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
         "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
-        "completions": ["#### 5", "The answer is 5."], "completion_lengths": torch.tensor([2, 2])})
+        "completions": completions, "completion_lengths": torch.tensor([2, 2])})
     seen, real_update = [], gh.grpo_update
     monkeypatch.setattr(gh, "grpo_update", lambda model, optimizer, rollout, *a, **k: seen.append(rollout) or
                         real_update(model, optimizer, rollout, *a, **k))
+    return seen
+
+
+def test_training_rewards_with_the_runs_strict_answer_flag(model_and_tokenizer, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    seen = sampled_and_updated(monkeypatch, ["#### 5", "The answer is 5."])
     batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
              "answers": [5.0]}
     for strict, rewards in ((False, [1.0, 1.0]), (True, [1.0, 0.0])):
@@ -121,10 +127,7 @@ def test_train_grpo_called_with_the_templates_arguments_takes_a_step_per_batch(m
     """The template's loop: each batch is a step, even with no reward spread anywhere (the run's default would
     draw the next batches into the same step)."""
     model, tokenizer = model_and_tokenizer
-    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
-        "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
-        "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
-        "completions": ["#### 5", "#### 5"], "completion_lengths": torch.tensor([2, 2])})
+    sampled_and_updated(monkeypatch, ["#### 5", "#### 5"])
     batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
              "answers": [5.0]}
     history = gh.train_grpo(model, tokenizer, [batch] * 3, torch.optim.SGD(model.parameters(), lr=0.0), "cpu",
@@ -136,13 +139,7 @@ def test_train_grpo_reads_the_gold_from_a_default_collated_answer_key(model_and_
     """A grader's loader may batch the dataset's items with torch's default_collate, which stacks each item's
     "answer" into a tensor under that key: the rewards must be the same as from collate_prompts' "answers" list."""
     model, tokenizer = model_and_tokenizer
-    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
-        "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
-        "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
-        "completions": ["#### 5", "#### 6"], "completion_lengths": torch.tensor([2, 2])})
-    seen, real_update = [], gh.grpo_update
-    monkeypatch.setattr(gh, "grpo_update", lambda model, optimizer, rollout, *a, **k: seen.append(rollout) or
-                        real_update(model, optimizer, rollout, *a, **k))
+    seen = sampled_and_updated(monkeypatch, ["#### 5", "#### 6"])
     item = {"input_ids": torch.zeros(1, dtype=torch.long), "attention_mask": torch.ones(1, dtype=torch.long),
             "prompt": "Q", "answer": 5.0}
     batch = torch.utils.data.default_collate([item])
