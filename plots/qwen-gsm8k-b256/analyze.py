@@ -19,38 +19,45 @@ def sign_test(gained, lost):
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
-def flip_counts(base, other, ok=lambda r: r["correct"]):
-    gained = sum(ok(o) and not ok(b) for b, o in zip(base, other))
-    lost = sum(ok(b) and not ok(o) for b, o in zip(base, other))
-    return f"{gained} / {lost}, p = {sign_test(gained, lost):.3g}"
+HEADER = "| | right (lenient) | strict | well-formed | cut | mean tokens | right of finished |\n|" + "---|" * 7
+LENIENT, STRICT = (lambda r: r["correct"]), (lambda r: r["correct"] and r["well_formed"])
+
+
+def table_row(name, recs):
+    done, right, n = [r for r in recs if not r["truncated"]], sum(r["correct"] for r in recs), len(recs)
+    return (f"| {name} | {right} ({100 * right / n:.1f}%) | {sum(map(STRICT, recs))} | "
+            f"{sum(r['well_formed'] for r in recs)} | {n - len(done)} | {sum(r['tokens'] for r in recs) / n:.0f} | "
+            f"{sum(r['correct'] for r in done)} of {len(done)} |")
+
+
+def flips(base, other, ok=LENIENT):
+    """Indices right in other and not in base (gained), and the reverse (lost), with the sign test's line."""
+    gained = [i for i, (b, o) in enumerate(zip(base, other)) if ok(o) and not ok(b)]
+    lost = [i for i, (b, o) in enumerate(zip(base, other)) if ok(b) and not ok(o)]
+    return gained, lost, f"gained {len(gained)}, lost {len(lost)}, sign test p = {sign_test(len(gained), len(lost)):.3g}"
+
+
+def same_problems(*evaluations):
+    assert all([r["question"] for r in e] == [r["question"] for r in evaluations[0]] for e in evaluations), \
+        "not the same problems"
 
 
 def control_row(run, before, after):
     """The free control (control.sh: the starting model told "Be concise.", no training) on the same problems."""
     recs = json.loads((run / "control-test-256.json").read_text())["greedy"]["boxed-concise"]["records"]
-    assert [r["question"] for r in recs] == [b["question"] for b in before], "not the same problems"
-    done, right = [r for r in recs if not r["truncated"]], sum(r["correct"] for r in recs)
-    print(f"\ncontrol: {right} right ({100 * right / len(recs):.1f}%), strict "
-          f"{sum(r['correct'] and r['well_formed'] for r in recs)}, cut {len(recs) - len(done)}, mean tokens "
-          f"{sum(r['tokens'] for r in recs) / len(recs):.0f}, right of finished {sum(r['correct'] for r in done)} of "
-          f"{len(done)}; against before {flip_counts(before, recs)}; trained against it {flip_counts(recs, after)}")
+    same_problems(before, recs)
+    print(f"\n{HEADER}\n{table_row('control', recs)}\ncontrol against before: {flips(before, recs)[2]}; "
+          f"trained against control: {flips(recs, after)[2]}")
 
 
 def compare(before, after, label):
-    assert [b["question"] for b in before] == [a["question"] for a in after], "not the same problems"
-    n = len(before)
-    print(f"\n## {label}: {n} problems, greedy")
-    print("| | right (lenient) | strict | well-formed | cut | mean tokens | right of finished |\n|---|---|---|---|---|---|---|")
+    same_problems(before, after)
+    print(f"\n## {label}: {len(before)} problems, greedy\n{HEADER}")
     for name, recs in (("before", before), ("after", after)):
-        done, right = [r for r in recs if not r["truncated"]], sum(r["correct"] for r in recs)
-        print(f"| {name} | {right} ({100 * right / n:.1f}%) "
-              f"| {sum(r['correct'] and r['well_formed'] for r in recs)} | {sum(r['well_formed'] for r in recs)} "
-              f"| {n - len(done)} "
-              f"| {sum(r['tokens'] for r in recs) / n:.0f} | {sum(r['correct'] for r in done)} of {len(done)} |")
-    for kind, ok in (("lenient", lambda r: r["correct"]), ("strict", lambda r: r["correct"] and r["well_formed"])):
-        gained = [i for i in range(n) if ok(after[i]) and not ok(before[i])]
-        lost = [i for i in range(n) if ok(before[i]) and not ok(after[i])]
-        print(f"{kind}: gained {len(gained)}, lost {len(lost)}, sign test p = {sign_test(len(gained), len(lost)):.3g}")
+        print(table_row(name, recs))
+    for kind, ok in (("lenient", LENIENT), ("strict", STRICT)):
+        gained, lost, line = flips(before, after, ok)
+        print(f"{kind}: {line}")
         if kind == "lenient":
             print(f"  gains cut before: {sum(before[i]['truncated'] for i in gained)} (the others finished wrong); "
                   f"losses cut after: {sum(after[i]['truncated'] for i in lost)}\n  gained records: {gained}\n"
