@@ -17,9 +17,9 @@ A random model almost never samples EOS, so every completion runs to --max-new-t
 
 Not collected by pytest (the name does not start with test_). Run on a GPU:
     python tests/bench_gpu.py                                   # the CLI's defaults
-    python tests/bench_gpu.py --max-new-tokens 1024 --micro-batch-size 8 --logprob-chunk-size 1024 --skip-compile
+    python tests/bench_gpu.py --max-new-tokens 1024 --micro-batch-size 8 --skip-compile
     python tests/bench_gpu.py --lora-rank 16 --batch-size 8 --max-new-tokens 1024 --micro-batch-size 8 \
-        --generation-batch-size 128 --logprob-chunk-size 1024 --skip-compile     # README's 24 GB LoRA row
+        --generation-batch-size 128 --skip-compile     # README's 24 GB LoRA row
 On CPU (a smoke test, not a timing): python tests/bench_gpu.py --layers 1 --hidden-size 96 --max-new-tokens 8
 """
 import argparse
@@ -219,8 +219,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per config; the first is not timed")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="GSM8K's chat prompts are about 100 tokens")
     parser.add_argument("--skip-compile", action="store_true", help="leave out the four-way generation comparison")
-    sizes = ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size", "lora_rank",
-             "logprob_chunk_size")
+    sizes = ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size", "lora_rank")
     for name in sizes:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(gh.Config, name))
     args = parser.parse_args(argv)

@@ -1,16 +1,15 @@
 """Memory one update micro-step adds over weights and gradients, at Qwen2.5-1.5B's real widths, on CPU.
 
-Both weight precisions: bf16 is what the CLI trains in on a GPU (naive code still upcasts the logits to fp32
-for the log-softmax), fp32 is shown beside it.
+Both weight precisions: bf16 is what the CLI trains in on a GPU, fp32 is shown beside it.
 
 Not collected by pytest (the name does not start with test_). Run: python tests/bench_memory.py [--against REV]
 (--against adds a column measured with revision REV's compute_logprobs_from_model, read with git show).
-Compares the naive path (full-vocabulary fp32 logits and log-softmax over every position) with ours
-(`compute_logprobs_from_model`, what the update calls: LM head on completion positions only, in chunks,
-recomputed in backward by ChunkedLogprobs) and with the same chunks under torch.utils.checkpoint (autograd's own
-backward, the alternative issue #33 proposed), in peak memory and seconds. Each path runs in its own process;
-the kernel's peak RSS is reset (/proc/self/clear_refs) after the model and its gradients exist, so construction
-does not hide the step.
+Compares the naive path (full-vocabulary fp32 logits and log-softmax over every position, prompt included) with
+TODO 4 (`compute_logprobs_from_model`, what the update calls: the model's own logits of the completion positions
+only, through logits_to_keep, then / T and log-softmax in fp32) at one micro-batch of the defaults' shape, in peak
+memory and seconds. Each path runs in its own process; the kernel's peak RSS is reset (/proc/self/clear_refs) after
+the model and its gradients exist, so construction does not hide the step. 'body' is the transformer layers and
+the tied-embedding gradient alone, which every path shares: what a path adds above it is the log-prob pass's cost.
 
 Then the optimizer step on Qwen2.5-1.5B's largest tensor, the tied 151,936 x 1,536 embedding, as on the GPU (bf16
 weight and gradient, fp32 moments, stochastic rounding): the memory the step adds over weight, gradient and
@@ -22,33 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-import torch.utils.checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
 
-SEQUENCES, PROMPT, COMPLETION = 4, 128, 384   # one micro-batch of the CLI defaults' shape, shortened for a CPU
-
-
-def checkpointed_logprobs(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
-                          chunk_size=gh.Config.logprob_chunk_size, with_entropy=False):
-    """compute_logprobs_from_model with autograd through the chunks (token_logprobs under torch.utils.checkpoint)
-    in place of ChunkedLogprobs' written-out backward: the alternative issue #33 proposed, measured beside it."""
-    start = max(1, prompt_length or 0)
-    batch, seq = input_ids.shape
-    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, start - 1:-1]
-
-    def token_logprobs(h, weight, t, temperature, with_entropy):        # TODO 4's lines, as its body has them
-        logits = (h @ weight.t()).float() / temperature
-        values = logits.log_softmax(-1).gather(-1, t[:, None])[:, 0]
-        return values, gh.token_entropy(logits.detach()) if with_entropy else torch.zeros_like(values)
-    chunks = [torch.utils.checkpoint.checkpoint(token_logprobs, h, model.get_output_embeddings().weight, t,
-                                                temperature, with_entropy, use_reentrant=False)
-              for h, t in zip(hidden.reshape(-1, hidden.shape[-1]).split(chunk_size),
-                              input_ids[:, start:].reshape(-1).split(chunk_size))]
-    logprobs, entropy = (F.pad(torch.cat(c).view(batch, seq - start), (start, 0)) for c in zip(*chunks))
-    return (logprobs, entropy) if with_entropy else logprobs
+# one micro-batch of the CLI defaults (--micro-batch-size 4, --max-new-tokens 256; a GSM8K chat prompt is ~128)
+SEQUENCES, PROMPT, COMPLETION = 4, 128, 256
 
 
 def rss_mb(field: str) -> float:
@@ -89,7 +67,7 @@ def measure_optimizer(path: str) -> float:
 
 def measure(path: str, dtype: str, hidden: int = 1536) -> float:
     """Peak MB added and seconds of one micro-step on `path`; `hidden` narrower than Qwen2.5-1.5B's 1,536 keeps its
-    vocabulary, so the logits stay full size while the body shrinks (tests/test_grpo.py's memory-bound test)."""
+    vocabulary, so the logits stay full size while the body shrinks."""
     if path.startswith("adamw"):
         return measure_optimizer(path)
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -102,7 +80,7 @@ def measure(path: str, dtype: str, hidden: int = 1536) -> float:
     mask = torch.ones_like(ids)
     for p in model.parameters():                      # gradients exist before the measured step, as in training
         p.grad = torch.zeros_like(p)
-    score = checkpointed_logprobs if path == "checkpoint" else gh.compute_logprobs_from_model
+    score = gh.compute_logprobs_from_model
     if path.startswith("rev:"):           # another revision's grpo_homework.py, imported before the measurement
         import importlib.util
         import tempfile
@@ -136,18 +114,18 @@ if __name__ == "__main__":
     against = [f"rev:{sys.argv[2]}"] if sys.argv[1:2] == ["--against"] else []
     print(f"one micro-step: {SEQUENCES} sequences x ({PROMPT} prompt + {COMPLETION} completion) tokens, "
           f"Qwen2.5-1.5B widths, 2 layers, on CPU; peak memory added over weights and gradients (MB), and seconds")
-    paths = ("naive", "checkpoint", "ours", "body", *against)
-    print(f"{'weights':<10}" + "".join(f"{p:>10}" for p in paths) + f"{'ours/naive':>12}{'above body':>12}"
-          + "".join(f"{p + ' s':>12}" for p in (*paths[:3], *against)))
+    paths = ("naive", "ours", "body", *against)
+    print(f"{'weights':<10}" + "".join(f"{p:>10}" for p in paths) + f"{'ours-body':>12}{'naive-body':>12}"
+          + "".join(f"{p + ' s':>12}" for p in ("naive", "ours", *against)))
     for dtype in ("bfloat16", "float32"):      # bf16 is what the CLI trains in on a GPU; fp32 for comparison
         runs = {path: [float(x) for x in subprocess.run([sys.executable, __file__, path, dtype], capture_output=True,
                                                         text=True, check=True).stdout.split()[-2:]] for path in paths}
         mb = {path: r[0] for path, r in runs.items()}
-        above = (mb["ours"] - mb["body"]) / (mb["naive"] - mb["body"])
-        print(f"{dtype:<10}" + "".join(f"{mb[p]:>10.0f}" for p in paths) + f"{mb['ours'] / mb['naive']:>12.2f}"
-              f"{above:>12.2f}" + "".join(f"{runs[p][1]:>12.2f}" for p in (*paths[:3], *against)))
-    print("target: ours/naive <= 0.33 for the weights the CLI trains (bfloat16); 'checkpoint' is autograd through "
-          "the chunks; 'body' is the transformer layers and tied-embedding gradient that every path shares")
+        print(f"{dtype:<10}" + "".join(f"{mb[p]:>10.0f}" for p in paths) + f"{mb['ours'] - mb['body']:>12.0f}"
+              f"{mb['naive'] - mb['body']:>12.0f}" + "".join(f"{runs[p][1]:>12.2f}" for p in ("naive", "ours", *against)))
+    logits = SEQUENCES * (COMPLETION + 1) * 151_936
+    print(f"for scale: one fp32 copy of the completion's logits is {logits * 4 / 2**20:.0f} MB, bf16 "
+          f"{logits * 2 / 2**20:.0f} MB; the pass grows with --micro-batch-size x --max-new-tokens")
     mb = {path: float(subprocess.run([sys.executable, __file__, path, "bfloat16"], capture_output=True, text=True,
                                      check=True).stdout.split()[0]) for path in ("adamw-whole", "adamw-sliced")}
     print(f"\noptimizer step on the 151,936 x 1,536 embedding (bf16 weight and gradient, fp32 moments: "

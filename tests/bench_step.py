@@ -1,10 +1,8 @@
 """Per-step seconds on a real model: the previous generation and log-prob paths and today's, side by side.
 
-Previous: generate prefills every row's prompt (8 times per group), every row computes its prompt again in the
-log-prob pass, and a step whose groups all got equal rewards still runs forward and backward for an
-exactly-zero gradient. Today: generation prefills each prompt once per group (prefill_once), rows that share a
-prompt are packed so it runs once (shared_prompt_hidden), and rows without signal run no pass
-(rows_with_signal).
+Previous: generate prefills every row's prompt (8 times per group), and a step whose groups all got equal
+rewards still runs forward and backward for an exactly-zero gradient. Today: generation prefills each prompt once
+per group (prefill_once), and rows without signal run no pass (rows_with_signal).
 
 Each step samples one rollout as train_grpo does (sampled_rollout) both ways from the same seed, timing each,
 then times on today's rollout, from the same weights: the no-grad log-prob pass that the old policy
@@ -43,7 +41,6 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
 def previous_path():
     """Generation, log-prob pass and update as they were: one prompt per row, and every row runs."""
     return {"prefill_once": lambda *args: None,         # generate() then prefills each row itself
-            "prompt_segments": lambda ids, mask, start: torch.arange(ids.shape[0], device=ids.device),
             "rows_with_signal": lambda rollout, cfg: rollout}
 
 

@@ -163,17 +163,57 @@ ARCHITECTURES = {
 }
 
 
+def handout_logprobs(model, ids, mask, temperature, prompt_length):
+    """The handout's computation, slow and plain: every position's logits of the whole padded batch, / T,
+    log-softmax, gather, shifted; 0 before prompt_length. Positions as generate() counts them where the model takes
+    them (a grader's mock may not)."""
+    import inspect
+    takes = inspect.signature(model.forward).parameters
+    extra = {"position_ids": gh.position_ids_from_mask(mask)} if "position_ids" in takes or "kwargs" in takes else {}
+    logits = model(input_ids=ids, attention_mask=mask, **extra).logits.float() / temperature     # [b, seq, vocab]
+    lp = torch.nn.functional.pad(logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0], (1, 0))
+    lp[:, :prompt_length or 0] = 0
+    return lp
+
+
+def assert_todo4_equals_the_handout(model, ids, mask, prompt_length, temperature=0.7, atol=1e-5):
+    """TODO 4 against handout_logprobs, in value and in the gradient of a random weighting of its positions."""
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for compute in (gh.compute_logprobs_from_model, handout_logprobs):
+        model.zero_grad()
+        lp = compute(model, ids, mask, temperature=temperature, prompt_length=prompt_length)
+        (lp * weights * mask).sum().backward()
+        grads.append((lp.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]))
+    (ours, our_grads), (expected, expected_grads) = grads
+    assert ours.shape == ids.shape and (ours[:, :max(1, prompt_length or 0)] == 0).all()
+    torch.testing.assert_close(ours * mask, expected * mask, rtol=0, atol=atol)
+    assert sum(g is not None for g in our_grads) > 0
+    for a, b in zip(our_grads, expected_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=atol)
+
+
+def _grouped_left_padded(vocab, prompt_length=5, completion=6, seed=0):
+    """Two GRPO groups of 3 rows, each group one prompt; the second group left-padded by 2."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.cat([torch.randint(1, vocab, (2, prompt_length), generator=g).repeat_interleave(3, 0),
+                     torch.randint(1, vocab, (6, completion), generator=g)], 1)
+    mask = torch.ones_like(ids)
+    mask[3:, :2], ids[3:, :2] = 0, 0
+    return ids, mask, prompt_length
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_logprobs_of_grouped_left_padded_rows_match_the_per_row_formula_on_other_architectures(arch):
-    """TODO 4's grouped-prompt path (two groups of 3 rows sharing a prompt, one group left-padded) on models other
-    than Qwen2: each row equals log_softmax(model(row).logits / T) at its completion's tokens."""
+    """TODO 4 on models other than Qwen2 (two groups of 3 rows, one left-padded): each row equals
+    log_softmax(model(row).logits / T) of the row alone, unpadded, at its completion's tokens; and value and
+    gradient equal the handout's formula over the padded batch."""
     import transformers
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[arch](transformers)).eval()
-    prompt_length = 5
-    ids = torch.cat([torch.randint(1, 64, (2, prompt_length)).repeat_interleave(3, 0), torch.randint(1, 64, (6, 6))], 1)
-    mask = torch.ones_like(ids)
-    mask[3:, :2], ids[3:, :2] = 0, 0
+    ids, mask, prompt_length = _grouped_left_padded(64)
     got = gh.compute_logprobs_from_model(model, ids, mask, temperature=0.7, prompt_length=prompt_length)
     assert (got[:, :prompt_length] == 0).all()
     with torch.no_grad():
@@ -181,33 +221,106 @@ def test_logprobs_of_grouped_left_padded_rows_match_the_per_row_formula_on_other
             unpadded = row[row_mask.bool()][None]
             ref = (model(unpadded).logits[0].float() / 0.7).log_softmax(-1)[:-1].gather(1, unpadded[0, 1:, None])[:, 0]
             assert torch.allclose(scored[prompt_length:], ref[-6:], atol=1e-5)
+    assert_todo4_equals_the_handout(model, ids, mask, prompt_length)
 
 
-def test_chunked_logprobs_equal_the_naive_formula_in_value_and_gradient(model_and_tokenizer):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])           # bf16: the GPU job's weights
+def test_logprobs_equal_the_handout_formula_in_value_and_gradient(model_dir, dtype):
+    model, tok = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), dtype)
+    batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
+    atol = 1e-5 if dtype == "float32" else 1e-2
+    assert_todo4_equals_the_handout(model, batch["input_ids"], batch["attention_mask"], prompt_length=10, atol=atol)
+    assert_todo4_equals_the_handout(model, batch["input_ids"], batch["attention_mask"], prompt_length=None, atol=atol)
+
+
+class MockOutput:
+    def __init__(self, logits):
+        self.logits = logits                         # the only attribute a grader's mock need have
+
+
+class MockLM(torch.nn.Module):
+    """A grader's simplest model: embedding, one mixing layer, an LM head; forward takes only the template's two
+    arguments (or, with `kwargs`, any more, which it ignores, returning every position's logits)."""
+
+    def __init__(self, vocab=50, width=16, bias=False, softcap=None, kwargs=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.mix = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, width)
+        self.head = torch.nn.Linear(width, vocab, bias=bias)
+        if bias:
+            torch.nn.init.normal_(self.head.bias, std=2.0)                      # a bias that moves the softmax
+        self.softcap = softcap
+        if kwargs:
+            self.forward = lambda input_ids, attention_mask=None, **ignored: self.logits_of(input_ids, attention_mask)
+
+    def forward(self, input_ids, attention_mask):
+        return self.logits_of(input_ids, attention_mask)
+
+    def logits_of(self, input_ids, attention_mask):
+        h = self.embed(input_ids) * attention_mask[..., None]
+        h = torch.tanh(self.mix(h.cumsum(1)))                                   # causal: position t sees :t
+        logits = self.head(h)
+        if self.softcap:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return MockOutput(logits)
+
+
+@pytest.mark.parametrize("kind", ["plain", "lm-head bias", "soft-cap", "ignores extra keywords"])
+def test_logprobs_of_a_grader_mock_returning_only_logits(kind):
+    """The template calls TODO 4 with input_ids and attention_mask: a mock whose forward takes only those, returns
+    only .logits and transforms them (bias, soft-cap) is scored by its logits, in value and gradient."""
+    model = MockLM(bias=kind == "lm-head bias", softcap=5.0 if kind == "soft-cap" else None,
+                   kwargs=kind == "ignores extra keywords")
+    ids, mask, prompt_length = _grouped_left_padded(50)
+    assert_todo4_equals_the_handout(model, ids, mask, prompt_length)
+    # the template's own call: no keywords at all
+    lp = gh.compute_logprobs_from_model(model, ids, mask)
+    assert lp.shape == ids.shape and (lp[:, 0] == 0).all() and (lp[:, 1:] < 0).all()
+
+
+def test_logprobs_ask_the_model_for_the_completions_logits_only(model_and_tokenizer):
+    """logits_to_keep: the LM head runs on the prompt's last position and the completion's, not on the prompt."""
     model, tok = model_and_tokenizer
     batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
-    prompt_length = 10
-    ours = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"],
-                                          prompt_length=prompt_length, chunk_size=3)
-    ours.sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    logits = model(**batch, position_ids=gh.position_ids_from_mask(batch["attention_mask"])).logits.float()
-    naive = logits.log_softmax(-1)[:, :-1].gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    naive = torch.nn.functional.pad(naive, (1, 0))
-    naive[:, :prompt_length] = 0
-    naive.sum().backward()
-    assert (ours[:, :prompt_length] == 0).all()
-    assert torch.allclose(ours, naive, atol=1e-5)
-    for g, p in zip(grads, model.parameters()):
-        assert torch.allclose(g, p.grad, atol=1e-5)
-    model.zero_grad()                                   # one chunk of every position: the same value and gradient
-    textbook = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"],
-                                              prompt_length=prompt_length)
-    textbook.sum().backward()
-    assert torch.allclose(textbook, ours, atol=1e-5)
-    for g, p in zip(grads, model.parameters()):
-        assert torch.allclose(g, p.grad, atol=1e-5)
+    seen = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(out.shape[1]))
+    try:
+        gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"], prompt_length=10)
+    finally:
+        hook.remove()
+    assert seen == [batch["input_ids"].shape[1] - 10 + 1]
+
+
+@pytest.mark.parametrize("config_class, extra", [
+    ("Gemma2Config", {"head_dim": 16, "num_key_value_heads": 1, "final_logit_softcapping": 5.0}),
+    ("PhiConfig", {}),                                        # an LM-head bias
+    ("CohereConfig", {"logit_scale": 0.5})])
+def test_logprobs_of_models_that_transform_their_logits_are_their_logits(config_class, extra):
+    import transformers
+    config = getattr(transformers, config_class)(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=1, num_attention_heads=2, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    if getattr(model.get_output_embeddings(), "bias", None) is not None:
+        torch.nn.init.normal_(model.get_output_embeddings().bias, std=2.0)
+    ids, mask, prompt_length = _grouped_left_padded(64)
+    assert_todo4_equals_the_handout(model, ids, mask, prompt_length)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")   # peft's, not ours
+def test_logprobs_through_a_peft_wrapper(model_dir):
+    """get_peft_model's wrapper, as a grader's LoRA test builds it: its forward passes keywords through."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    model, tok = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), "float32")
+    wrapped = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                               task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)                             # adapters that move the logits (B starts at 0)
+    batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
+    assert_todo4_equals_the_handout(wrapped, batch["input_ids"], batch["attention_mask"], prompt_length=10)
 
 
 @pytest.mark.parametrize("logits", [
@@ -226,83 +339,19 @@ def test_token_entropy_equals_a_slow_reference_even_at_extremes(logits):
     assert got.tolist() == pytest.approx([reference(row) for row in logits], abs=1e-6)
 
 
-def test_entropy_from_the_chunked_pass_is_the_sampling_distributions(model_and_tokenizer):
+def test_entropy_from_the_logprob_pass_is_the_sampling_distributions(model_and_tokenizer):
     """Every completion position's entropy of softmax(logits / T), as the full logits give it, without gradient."""
     model, tok = model_and_tokenizer
     batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
     ids, mask, P = batch["input_ids"], batch["attention_mask"], 8
     logprobs, entropy = gh.compute_logprobs_from_model(model, ids, mask, prompt_length=P, temperature=0.7,
-                                                       chunk_size=3, with_entropy=True)
+                                                       with_entropy=True)
     assert logprobs.requires_grad and not entropy.requires_grad and (entropy[:, :P] == 0).all()
     with torch.no_grad():
         logits = model(**batch, position_ids=gh.position_ids_from_mask(mask)).logits.float() / 0.7
     p = logits.softmax(-1)
     expected = -(p * p.log()).sum(-1)[:, P - 1:-1]              # position t-1 predicts token t
     assert torch.allclose(entropy[:, P:], expected, atol=1e-5)
-
-
-def _grouped_rollout(tok, prompts, group, completion_len, seed=0):
-    """Rows laid out as GRPO groups: left-padded prompts, random completions of differing lengths, padding
-    (mask 0) after each one's end."""
-    batch = _left_padded_batch(tok, prompts)
-    P = batch["input_ids"].shape[1]
-    g = torch.Generator().manual_seed(seed)
-    ids = batch["input_ids"].repeat_interleave(group, 0)
-    mask = batch["attention_mask"].repeat_interleave(group, 0)
-    completions = torch.randint(3, 200, (ids.shape[0], completion_len), generator=g)
-    ends = torch.randint(1, completion_len + 1, (ids.shape[0],), generator=g)
-    cmask = (torch.arange(completion_len)[None] < ends[:, None]).long()
-    return torch.cat([ids, completions * cmask], 1), torch.cat([mask, cmask], 1), P
-
-
-def _logprobs_and_grads(model, ids, mask, P, weights):
-    model.zero_grad()
-    lp = gh.compute_logprobs_from_model(model, ids, mask, temperature=0.7, prompt_length=P, chunk_size=5)
-    (lp * weights).sum().backward()
-    return lp.detach(), [p.grad.clone() for p in model.parameters()]
-
-
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_a_prompt_shared_by_its_group_is_computed_once_with_the_same_logprobs_and_gradient(
-        model_dir, tokenizer, monkeypatch, attention, checkpointing):
-    model, tok = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), "float32")
-    model.config._attn_implementation = attention
-    if checkpointing:
-        gh.enable_checkpointing(model)
-    model.train()
-    prompts = ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?", "A much longer prompt than the others, padded less:"]
-    ids, mask, P = _grouped_rollout(tok, prompts, group=4, completion_len=7)
-    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1)) * (mask > 0)
-    bodies = []
-    real_body = model.base_model.forward
-    monkeypatch.setattr(model.base_model, "forward", lambda **kw: bodies.append(kw["input_ids"].shape) or
-                        real_body(**kw))
-    shared, shared_grads = _logprobs_and_grads(model, ids, mask, P, weights)
-    assert bodies == [(3, P + 4 * 7)]                    # three packed sequences, one per prompt
-    monkeypatch.setattr(gh, "prompt_segments", lambda ids, mask, start: torch.arange(ids.shape[0]))
-    plain, plain_grads = _logprobs_and_grads(model, ids, mask, P, weights)       # today's path: row by row
-    assert bodies[-1] == ids.shape
-    real = mask[:, P:] > 0
-    assert torch.allclose(shared[:, P:][real], plain[:, P:][real], atol=1e-5) and (shared[:, :P] == 0).all()
-    for a, b in zip(shared_grads, plain_grads):
-        assert torch.allclose(a, b, atol=1e-5)
-    with torch.no_grad():                                # and both agree with a slow per-row unpadded loop
-        for r in range(0, ids.shape[0], 5):
-            keep = mask[r] > 0
-            logits = model(ids[r][keep][None]).logits[0].float() / 0.7
-            ref = logits.log_softmax(-1)[:-1].gather(1, ids[r][keep][1:, None])[:, 0]
-            n = int(real[r].sum())
-            assert shared[r, P:P + n].tolist() == pytest.approx(ref[-n:].tolist(), abs=1e-4)
-
-
-def test_prompt_segments_follow_groups_micro_batch_cuts_and_the_length_cap(tokenizer):
-    ids, mask, P = _grouped_rollout(tokenizer, ["Q: 1 + 1?", "Q: 2 + 2?"], group=4, completion_len=3)
-    assert gh.prompt_segments(ids, mask, P).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert gh.prompt_segments(ids[2:7], mask[2:7], P).tolist() == [0, 0, 1, 1, 1]       # a micro-batch
-    long_ids, long_mask, P = _grouped_rollout(tokenizer, ["Q: 1 + 1?"], group=8, completion_len=20 * P)
-    # completions 20x the prompt: a packed sequence holds at most (4 * seq - P) // (seq - P) = 4 rows
-    assert gh.prompt_segments(long_ids, long_mask, P).tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
 # ----- generation -----
@@ -728,21 +777,6 @@ def test_learning_rate_schedule_hand_computed():
     warm_then_decay = [gh.lr_multiplier(s, 2, decay_end=6) for s in range(6)]
     assert warm_then_decay == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
     assert [gh.lr_multiplier(s, 0, decay_end=4) for s in range(4)] == pytest.approx([1.0, 0.75, 0.5, 0.25])
-
-
-def test_todo4_memory_stays_within_a_third_of_the_full_logits_path():
-    """TODO 4's memory bound, measured as tests/bench_memory.py measures it (peak RSS over weights and gradients, a
-    process per path), at Qwen's 151,936-token vocabulary on a 256-wide body: what the log-prob pass adds above the
-    body's own cost stays within a third of what full fp32 logits and their log-softmax add. Fails if the chunks
-    stop bounding the logits (whole logits, or autograd keeping every chunk's)."""
-    import subprocess
-    import sys
-    from conftest import ROOT
-    bench = str(ROOT / "tests" / "bench_memory.py")
-    mb = {path: float(subprocess.run([sys.executable, bench, path, "bfloat16", "256"], capture_output=True, text=True,
-                                     check=True, timeout=300).stdout.split()[0]) for path in ("naive", "ours", "body")}
-    assert mb["naive"] - mb["body"] > 1000, mb          # the full logits are large enough to tell the paths apart
-    assert mb["ours"] - mb["body"] <= (mb["naive"] - mb["body"]) / 3, mb
 
 
 @pytest.mark.parametrize("gained, lost, p", [(0, 0, 1.0), (7, 7, 1.0), (5, 1, 2 * (1 + 6) / 64),

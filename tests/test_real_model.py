@@ -51,7 +51,7 @@ def test_the_prompt_carries_our_instruction_instead_of_smollms_default(smollm2):
     assert prompt.count("<|im_start|>") == 3
 
 
-def sampled_and_scored(model, tokenizer, monkeypatch, packed):
+def sampled_and_scored(model, tokenizer):
     """Sample 2 x 2 completions at T 0.7, score them, and check the scorer's log-probs against the sampler's;
     return (sequences, full mask, prompt length, the scorer's log-probs, the valid positions)."""
     batch = chat_batch(tokenizer)
@@ -70,7 +70,6 @@ def sampled_and_scored(model, tokenizer, monkeypatch, packed):
     sampler = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)   # [rows, new, vocab]
     sampler = sampler.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
     full_mask = torch.cat([mask, torch.ones_like(sampled)], 1)
-    monkeypatch.setattr(gh, "shared_prompt_hidden", lambda *a: packed.append(a[1].shape) or real_shared(*a))
     with torch.no_grad():
         scored = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
                                                 prompt_length=prompt_length)[:, prompt_length:]
@@ -80,25 +79,21 @@ def sampled_and_scored(model, tokenizer, monkeypatch, packed):
     valid = torch.arange(sampled.shape[1]).unsqueeze(0) <= first.unsqueeze(1)
     assert valid.sum() >= 20
     torch.testing.assert_close(scored[valid], sampler[valid], rtol=0, atol=2e-4)
-    assert packed == [out.sequences.shape]               # both groups in one call, each prompt once
     return out.sequences, full_mask, prompt_length, scored, valid
 
 
-def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2, monkeypatch):
-    """What generate sampled from (its processed scores: logits / T, nothing else) is what the loss scores,
-    with each prompt computed once for its group and, the old way, once per row."""
+def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2):
+    """What generate sampled from (its processed scores: logits / T, nothing else) is what the loss scores; and
+    the scorer equals the handout's formula over the whole padded batch (every position's logits)."""
+    from test_grpo import handout_logprobs
     model, tokenizer = smollm2
-    packed, temperature = [], 0.7
-    sequences, full_mask, prompt_length, scored, valid = sampled_and_scored(model, tokenizer, monkeypatch, packed)
-    monkeypatch.setattr(gh, "prompt_segments", lambda ids, mask, start: torch.arange(ids.shape[0]))
+    sequences, full_mask, prompt_length, scored, valid = sampled_and_scored(model, tokenizer)
     with torch.no_grad():
-        per_row = gh.compute_logprobs_from_model(model, sequences, full_mask, temperature=temperature,
-                                                 prompt_length=prompt_length)[:, prompt_length:]
-    assert len(packed) == 1                              # the per-row path really ran
-    torch.testing.assert_close(per_row[valid], scored[valid], rtol=0, atol=5e-5)
+        handout = handout_logprobs(model, sequences, full_mask, 0.7, prompt_length)[:, prompt_length:]
+    torch.testing.assert_close(handout[valid], scored[valid], rtol=0, atol=5e-5)
 
 
-def test_under_lora_the_scorer_still_scores_what_the_sampler_sampled(smollm2, monkeypatch):
+def test_under_lora_the_scorer_still_scores_what_the_sampler_sampled(smollm2):
     """peft's adapters sit in the body's linear layers, which generate and the scorer both run."""
     pytest.importorskip("peft")
     _, tokenizer = smollm2
@@ -113,10 +108,7 @@ def test_under_lora_the_scorer_still_scores_what_the_sampler_sampled(smollm2, mo
     ids = chat_batch(tokenizer)["input_ids"][:1]
     with torch.no_grad():
         assert (model(ids).logits - base(ids).logits).abs().max() > 0.1, "the adapters must change the logits"
-    sampled_and_scored(model, tokenizer, monkeypatch, [])
-
-
-real_shared = gh.shared_prompt_hidden
+    sampled_and_scored(model, tokenizer)
 
 
 def test_completion_masks_end_at_the_first_im_end(smollm2):

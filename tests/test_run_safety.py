@@ -853,38 +853,20 @@ def test_before_after_never_pairs_records_of_different_problems(run_copy, capsys
 
 def tiny_model(config_class, **extra):
     import transformers
-    config = getattr(transformers, config_class)(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                                 num_hidden_layers=1, num_attention_heads=2, **extra)
+    config = getattr(transformers, config_class)(**{"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                                                    "num_hidden_layers": 1, "num_attention_heads": 2, **extra})
     return transformers.AutoModelForCausalLM.from_config(config)
 
 
-class DoubledHead(torch.nn.Linear):
-    def forward(self, x):
-        return 2 * super().forward(x)
-
-
-@pytest.mark.parametrize("config_class, extra, named", [
-    ("Gemma2Config", {"head_dim": 16, "num_key_value_heads": 1}, "final_logit_softcapping 30.0"),
-    ("PhiConfig", {}, "an LM-head bias"),
-    ("CohereConfig", {"logit_scale": 0.5}, "logit_scale 0.5"),
-    ("Qwen2Config", {"num_key_value_heads": 1}, "a transform of the final logits")])
-def test_models_whose_logits_the_scorer_cannot_reproduce_are_refused(config_class, extra, named):
-    model = tiny_model(config_class, **extra)
-    if named.startswith("a transform"):       # a transform no config names: the probe finds it
-        head = DoubledHead(32, 64, bias=False)
-        head.weight = model.lm_head.weight
-        model.lm_head = head
-    with pytest.raises(gh.UserError, match=f"its logits are not hidden states @ LM-head weight \\({named}\\)"):
-        gh.check_logits_are_scored(model, "m")
-    gh.check_logits_are_scored(tiny_model("Qwen2Config", num_key_value_heads=1), "m")      # plain: no error
-
-
-def test_a_model_with_an_lm_head_bias_is_refused_before_anything_is_written(tokenizer, gsm8k_dir, tmp_path, capsys):
-    tiny_model("PhiConfig").save_pretrained(tmp_path / "phi")
+def test_a_model_with_an_lm_head_bias_trains_through_the_cli(tokenizer, gsm8k_dir, tmp_path):
+    """TODO 4 scores a model's own logits (tests/test_grpo.py checks their values on Phi, Gemma 2 and Cohere), so a
+    model whose logits are not hidden @ head, such as Phi's with its LM-head bias, is no longer refused: it trains
+    and finishes with its record (the CLI refused it before 2026-11-26)."""
+    tiny_model("PhiConfig", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "phi")
     tokenizer.save_pretrained(tmp_path / "phi")
-    code, err = main_err(tiny_args(tmp_path / "phi", gsm8k_dir, tmp_path / "run"), capsys)
-    assert code == 2 and "(an LM-head bias)" in err and "nothing was kept" not in err and \
-        not (tmp_path / "run").exists(), err
+    assert gh.main(tiny_args(tmp_path / "phi", gsm8k_dir, tmp_path / "run", "--max-steps", "1")) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 1
 
 
 def test_a_checkpoint_from_a_gpu_resumes_on_a_cpu(run_copy, capsys):
