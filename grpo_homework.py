@@ -698,7 +698,10 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
 def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval") -> tuple[dict, list[dict]]:
     """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
     from tqdm.auto import tqdm
-    loader = DataLoader(dataset, cfg.eval_batch_size, collate_fn=lambda b: collate_prompts(b, tokenizer))
+    # Its own generator: iterating a loader draws a seed from the one it has, and the global one would shift every
+    # sample after (a resume that keeps the evaluation before would not repeat the run)
+    loader = DataLoader(dataset, cfg.eval_batch_size, generator=torch.Generator(),
+                        collate_fn=lambda b: collate_prompts(b, tokenizer))
     records = []
     for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):     # None: no bar in a log file
         out = halve_on_oom(cfg, "eval_batch_size", lambda: generate_completions(    # halving splits the batch
@@ -785,7 +788,10 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
     if cfg.dtype == "auto":   # recorded as it resolves, so a resume keeps it; a record's auto predates bf16 on CPUs
-        cfg.dtype = "float32" if resume and device.type == "cpu" else \
+        # --eval-only scores a float32 folder (a LoRA run's merged final/, a --dtype float32 run's) as training left
+        # it: a bf16 copy moves the log-probs by more than many updates do
+        as_saved = cfg.eval_only and saved_dtype(cfg.model_path) == "float32"
+        cfg.dtype = "float32" if (resume and device.type == "cpu") or as_saved else \
             str(weight_dtype("auto", device)).removeprefix("torch.")
     seed_everything(cfg.seed)
     checkpoint = (saved_checkpoints(run_dir) or [None])[-1] if resume else None     # the newest
@@ -839,6 +845,14 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
               scheduler=scheduler)
     open_record(run, checkpoint, resume)
     return run
+
+
+def saved_dtype(path: str) -> str | None:
+    """The weights' dtype a local model folder's config.json records (transformers 5: dtype; 4: torch_dtype)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        config = json.loads(read_text(Path(path) / "config.json"))
+        return config.get("dtype") or config.get("torch_dtype")
+    return None
 
 
 def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
@@ -1307,6 +1321,9 @@ def train_phase(run: Run) -> None:
         run.on_step, run.stop_flag = on_step, lambda: bool(_ctrl_c["asked"])
         train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
                    cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, extras=run)
+        checkpoint_now(run)      # still under the stop-after-this-step protection: a stop now loses no step
+        if _ctrl_c["asked"]:
+            raise TrainingInterrupted
     except TrainingInterrupted:
         checkpoint_now(run)
         write_plots(run_dir, run.summary)
@@ -1324,10 +1341,10 @@ def train_phase(run: Run) -> None:
 
 
 def finish_run(run: Run) -> None:
-    """Checkpoint, evaluate the trained policy, then write final/ (renamed into place) and the record."""
+    """Evaluate the trained policy (checkpointed by train_phase), then write final/ (renamed into place) and the
+    record."""
     cfg, run_dir = run.cfg, run.run_dir
-    print("Training completed!")
-    checkpoint_now(run)          # whatever happens from here on, --resume comes back to this point
+    print("Training completed!")     # after train_phase's checkpoint: --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
     after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval after")
     before_records = read_jsonl(run_dir / "eval_before.jsonl")

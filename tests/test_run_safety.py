@@ -794,6 +794,63 @@ def test_a_failure_mid_step_checkpoints_the_last_step_and_resume_ends_bit_identi
     assert any(not torch.equal(a[k], start[k]) for k in a)         # and the steps did move the weights
 
 
+@pytest.mark.parametrize("stop", ["ctrl-c as the last checkpoint is written", "a closed pipe at the end"])
+def test_a_stop_right_after_training_loses_no_step(model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch, stop):
+    """--save-every 0: the checkpoint of the last step is written before 'Training completed!' is printed, still
+    under the stop-after-this-step protection; a resume then evaluates and ends as the uninterrupted run did."""
+    import builtins
+    monkeypatch.setattr(gh, "compute_reward", varied)
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "2")) == 0
+    with monkeypatch.context() as patch:
+        if stop.startswith("ctrl-c"):
+            real_save = gh.save_checkpoint
+            patch.setattr(gh, "save_checkpoint", lambda *a, **k: os.kill(os.getpid(), signal.SIGINT) or
+                          real_save(*a, **k))
+        else:                       # stdout a pipe its reader closed (PYTHONUNBUFFERED=1 ... | head)
+            real_print = builtins.print
+            def closed_pipe(*args, **kwargs):
+                if args[:1] == ("Training completed!",):
+                    raise BrokenPipeError(32, "Broken pipe")
+                return real_print(*args, **kwargs)
+            patch.setattr(builtins, "print", closed_pipe)
+        code, err = main_err(tiny_args(model_dir, gsm8k_dir, stopped, "--max-steps", "2"), capsys)
+    assert code == 2 and err.endswith(f"--resume {stopped}"), err
+    assert [p.name for p in (stopped / "checkpoints").iterdir()] == ["step-2"]
+    assert gh.main(["--resume", str(stopped)]) == 0
+    assert "no checkpoint yet" not in capsys.readouterr().err
+    assert [json.loads(x)["step"] for x in (stopped / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    a, b = final_weights(whole), final_weights(stopped)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_restarted_from_step_0_repeats_the_uninterrupted_run(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    """A failure in step 1 leaves no checkpoint: --resume keeps the evaluation before and trains from step 0. The
+    evaluation draws nothing from the random streams the sampler uses, so the two runs end equal."""
+    monkeypatch.setattr(gh, "compute_reward", varied)
+    whole, failed = tmp_path / "whole", tmp_path / "failed"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "2")) == 0
+    sampling = lambda *args, **kwargs: (args[5] if len(args) > 5 else kwargs["temperature"]) > 0   # not greedy eval
+    with monkeypatch.context() as patch:
+        failing_call(patch, "generate_completions", 1, RuntimeError("CUDA error: launch failure"), sampling)
+        code, err = main_err(tiny_args(model_dir, gsm8k_dir, failed, "--max-steps", "2"), capsys)
+    assert code == 2 and not (failed / "checkpoints").exists() and (failed / "eval_before.jsonl").exists()
+    assert gh.main(["--resume", str(failed)]) == 0
+    assert "no checkpoint yet: training starts at step 0" in capsys.readouterr().err
+    a, b = final_weights(whole), final_weights(failed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_evaluation_leaves_the_global_random_stream_where_it_was(model_and_tokenizer, gsm8k_dir):
+    model, tok = model_and_tokenizer
+    data = gh.GSM8KDataset("test", tok, dataset_path=str(gsm8k_dir))
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    gh.evaluate(model, tok, data, gh.Config(max_new_tokens=3, eval_batch_size=2), torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_a_failure_inside_the_optimizer_update_writes_no_checkpoint(model_dir, gsm8k_dir, tmp_path, capsys,
                                                                      monkeypatch):
     monkeypatch.setattr(gh, "compute_reward", varied)
@@ -990,3 +1047,21 @@ def test_eval_only_scores_a_model_at_its_own_budget_and_trains_nothing(model_dir
     assert len(records) == 4 and max(r["tokens"] for r in records) == 5 and any(r["truncated"] for r in records)
     code, err = main_err(["--resume", out], capsys)
     assert code == 2 and "finished (--eval-only" in err
+
+
+@pytest.mark.parametrize("saved", ["float32", "bfloat16"])
+def test_eval_only_scores_a_float32_folder_in_float32(model_dir, gsm8k_dir, tmp_path, capsys, saved):
+    """--dtype auto means bf16 on this CPU (AVX512-BF16 or AMX); a folder saved in fp32 (a LoRA run's merged final/)
+    is scored in fp32 all the same, the model training produced, and its record says so."""
+    if gh.weight_dtype("auto", torch.device("cpu")) != torch.bfloat16:
+        pytest.skip("this CPU computes bf16 slowly: --dtype auto is float32 for every folder")
+    folder = tmp_path / "model"
+    model, tok = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), saved)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    args = [a for a in tiny_args(folder, gsm8k_dir, tmp_path / "auto", "--eval-only") if a not in ("--dtype", "float32")]
+    assert "--dtype" not in args and gh.main(args) == 0
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["config"]["dtype"] == saved
+    assert gh.main(tiny_args(folder, gsm8k_dir, tmp_path / "explicit", "--eval-only", "--dtype", saved)) == 0
+    assert (tmp_path / "auto" / "eval_before.jsonl").read_text() == \
+        (tmp_path / "explicit" / "eval_before.jsonl").read_text()
