@@ -90,6 +90,8 @@ class Config:
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
     eval_size: int = _flag(0, "test problems for the greedy accuracy before and after training (0 = all 1,319: "
                            "minutes on a GPU, and a paired test over 200 cannot tell a few points from noise)")
+    eval_start: int = _flag(0, "position of the first evaluation problem in its split (test problems 200-1318, none "
+                            "of the first 200 that settings were chosen on: --eval-start 200)")
     val_size: int = _flag(0, "the first N train problems, held out (never trained on) to choose settings on")
     eval_split: str = _flag("test", "what the accuracy before and after scores", choices=["test", "validation"])
     prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
@@ -815,8 +817,10 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     train_set, eval_set = (GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
                                         prompt_style=cfg.prompt_style, task=task)
                            for split in (part("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size),
-                                         part("test", 0, cfg.eval_size) if cfg.eval_split == "test" else
-                                         part("train", 0, cfg.eval_size or cfg.val_size)))
+                                         part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
+                                         if cfg.eval_split == "test" else
+                                         part("train", cfg.eval_start, cfg.eval_start + cfg.eval_size if cfg.eval_size
+                                              else cfg.val_size)))
     if len(eval_set) == 0:
         raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
@@ -940,7 +944,7 @@ def validate_config(cfg: Config) -> None:
                  "ppo_epochs", "max_new_tokens", "max_prompt_length", "learning_rate",
                  "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
-    for name in ("train_size", "eval_size", "val_size", "lora_rank", "max_steps", "save_every", "keep_checkpoints",
+    for name in ("train_size", "eval_size", "eval_start", "val_size", "lora_rank", "max_steps", "save_every", "keep_checkpoints",
                  "plot_every", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
                  "kl_coef", "format_reward", "weight_decay"):
         require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
@@ -960,8 +964,9 @@ def validate_config(cfg: Config) -> None:
                                                                             "--lora-targets name layers")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
-    require(cfg.eval_split == "test" or 0 < cfg.val_size and cfg.eval_size <= cfg.val_size,
-            "--eval-split validation scores the --val-size held-out problems: pass --val-size N, at least --eval-size")
+    require(cfg.eval_split == "test" or cfg.eval_start + cfg.eval_size <= cfg.val_size and cfg.eval_start < cfg.val_size,
+            "--eval-split validation scores the --val-size held-out problems: pass --val-size N, at least --eval-start "
+            "+ --eval-size")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device), f"--device must be auto, cpu, cuda or cuda:N: this "
                                                               f"script trains on cpu or cuda only (not {cfg.device!r})")
     require_gpu(cfg.device)          # here, not only when the model loads: the demo warms up first (minutes)
@@ -2031,7 +2036,8 @@ def load_split(dataset: str, split: str):
             rows = datasets.load_dataset(dataset, "main", split=split)
     except Exception as e:  # datasets raises many types for a bad slice, config or path
         if "corresponds to no data" in str(e):
-            raise UserError(f"split {split!r} of {dataset} has no rows") from None
+            raise UserError(f"split {split!r} of {dataset} has no rows (a start past its end? lower --eval-start or "
+                            f"--val-size)") from None
         cause = e
         while cause.__cause__ or cause.__context__:        # under "An error occurred while generating the dataset"
             cause = cause.__cause__ or cause.__context__
@@ -2042,11 +2048,12 @@ def load_split(dataset: str, split: str):
 
 
 def enough_rows(rows, split: str, dataset: str = ""):
-    """`rows`, unless the split asked for [A:B] and fewer came (datasets clamps a slice silently)."""
-    asked = re.fullmatch(r"(\w+)\[(\d*):(\d+)\]", split)
-    if asked and len(rows) < int(asked.group(3)) - int(asked.group(2) or 0):
+    """`rows`, unless the split asked for [A:B] and fewer came, or [A:] and none (datasets clamps a slice silently)."""
+    asked = re.fullmatch(r"(\w+)\[(\d*):(\d*)\]", split)
+    if asked and (len(rows) < int(asked.group(3)) - int(asked.group(2) or 0) if asked.group(3) else not len(rows)):
         what = f"{asked.group(1)} problems in {dataset}" if dataset else f"generated {asked.group(1)} problems"
-        raise UserError(f"there are only {len(rows)} {what} in {split} (lower --train-size, --eval-size, --val-size)")
+        raise UserError(f"there are only {len(rows)} {what} in {split} (lower --train-size, --eval-size, --val-size, "
+                        f"--eval-start)")
     return rows
 
 

@@ -1065,3 +1065,21 @@ def test_eval_only_scores_a_float32_folder_in_float32(model_dir, gsm8k_dir, tmp_
     assert gh.main(tiny_args(folder, gsm8k_dir, tmp_path / "explicit", "--eval-only", "--dtype", saved)) == 0
     assert (tmp_path / "auto" / "eval_before.jsonl").read_text() == \
         (tmp_path / "explicit" / "eval_before.jsonl").read_text()
+
+
+def test_eval_start_scores_test_problems_by_position_and_refuses_ranges_past_the_split(model_dir, gsm8k_dir, tmp_path,
+                                                                                         capsys):
+    """The untouched-problems evaluation (--eval-start 200 on GSM8K): the fixture's test split has 4 problems."""
+    from conftest import PROBLEMS
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "tail", "--eval-only", "--eval-start", "2",
+                             "--eval-size", "0")) == 0
+    records = [json.loads(line) for line in (tmp_path / "tail" / "eval_before.jsonl").read_text().splitlines()]
+    assert [r["question"] for r in records] == [p["question"] for p in PROBLEMS[2:4]]
+    for flags, message in [(["--eval-start", "4", "--eval-size", "0"], "has no rows (a start past its end?"),
+                           (["--eval-start", "3", "--eval-size", "2"], "there are only 1 test problems"),
+                           (["--eval-start", "-1"], "--eval-start must not be negative"),
+                           (["--eval-split", "validation", "--val-size", "2", "--eval-start", "1", "--eval-size", "2"],
+                            "at least --eval-start + --eval-size")]:
+        out = tmp_path / f"refused-{flags[1]}-{flags[-1]}"
+        code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--eval-only", *flags), capsys)
+        assert code == 2 and message in err and not out.exists(), err
