@@ -764,11 +764,10 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
     phase = "loading"
     try:
         run = prepare_run(cfg, run_dir, resume)
-        for phase, do in (("the evaluation before training", evaluate_before), ("training", train_phase),
-                          ("the final evaluation and save", finish_run))[:1 if cfg.eval_only else 3]:
+        for phase, do in ((("the evaluation", score_only),) if cfg.eval_only else
+                          (("the evaluation before training", evaluate_before), ("training", train_phase),
+                           ("the final evaluation and save", finish_run))):
             do(run)
-        if cfg.eval_only:
-            write_json(run_dir / "summary.json", {**run.summary, "finished": True})
         return run.summary
     except UserError:
         raise
@@ -809,21 +808,25 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
     model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
+    check_kv_cache_fits(cfg, model, device)
 
     print("Loading dataset...")
     task = TASKS[cfg.task]
     # Validation: the first --val-size problems of the train split; training takes the ones after them.
     part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
-    train_set, eval_set = (GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
-                                        prompt_style=cfg.prompt_style, task=task)
-                           for split in (part("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size),
-                                         part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
-                                         if cfg.eval_split == "test" else
-                                         part("train", cfg.eval_start, cfg.eval_start + cfg.eval_size if cfg.eval_size
-                                              else cfg.val_size)))
+    problems = lambda split: GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
+                                          prompt_style=cfg.prompt_style, task=task)
+    eval_set = problems(part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
+                        if cfg.eval_split == "test" else
+                        part("train", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size or cfg.val_size))
     if len(eval_set) == 0:
         raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
+    if cfg.eval_only:                   # nothing trains: no training problems, no optimizer
+        run = Run(cfg, run_dir, device, model, tokenizer, None, None, eval_set)
+        open_record(run, None, resume)
+        return run
+    train_set = problems(part("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size))
     if len(train_set) < cfg.batch_size:
         raise UserError(f"{len(train_set)} train problems, fewer than --batch-size {cfg.batch_size}")
     # A shuffle that depends only on (seed, epoch), so a resumed run sees the same data (DistributedSampler's, for
@@ -865,6 +868,9 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
         raise UserError("MODEL_PATH is required (a model directory such as ./Qwen2.5-1.5B-Instruct), or use --demo")
     local = Path(path)
     if looks_local(path):
+        if is_run_dir(local):
+            raise UserError(f"MODEL_PATH {path} is a run folder: its trained model is {local / 'final'} (continue the "
+                            f"run itself with --resume {path})")
         if not (local / "config.json").is_file():
             raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
         if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
@@ -944,8 +950,8 @@ def validate_config(cfg: Config) -> None:
                  "ppo_epochs", "max_new_tokens", "max_prompt_length", "learning_rate",
                  "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
-    for name in ("train_size", "eval_size", "eval_start", "val_size", "lora_rank", "max_steps", "save_every", "keep_checkpoints",
-                 "plot_every", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
+    for name in ("train_size", "eval_size", "eval_start", "val_size", "lora_rank", "max_steps", "save_every",
+                 "keep_checkpoints", "plot_every", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
                  "kl_coef", "format_reward", "weight_decay"):
         require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
     require(cfg.min_signal_groups >= -1, "--min-signal-groups must be a count of groups, 0 (off) or -1 (--batch-size)")
@@ -964,7 +970,7 @@ def validate_config(cfg: Config) -> None:
                                                                             "--lora-targets name layers")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
     require(0 <= cfg.seed < 2**32, "--seed must lie in [0, 2**32)")
-    require(cfg.eval_split == "test" or cfg.eval_start + cfg.eval_size <= cfg.val_size and cfg.eval_start < cfg.val_size,
+    require(cfg.eval_split == "test" or cfg.eval_start + max(cfg.eval_size, 1) <= cfg.val_size,
             "--eval-split validation scores the --val-size held-out problems: pass --val-size N, at least --eval-start "
             "+ --eval-size")
     require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device), f"--device must be auto, cpu, cuda or cuda:N: this "
@@ -979,6 +985,10 @@ def validate_config(cfg: Config) -> None:
                                                               "(GSM8K in hub layout, or a hub id)")
 
 
+# What --eval-only reads: every other flag sets how training would go, and is refused there.
+EVAL_ONLY_FLAGS = {"model_path", "eval_only", "task", "dataset", "eval_size", "eval_start", "val_size", "eval_split",
+                   "prompt_style", "max_prompt_length", "max_new_tokens", "eval_batch_size", "seed", "device", "dtype",
+                   "output_dir", "show_examples"}
 # Flags a resumed run may change: how it runs, not what it learns (else one record would describe two trainings).
 RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints", "plot_every", "show_examples",
                      "device", "generation_batch_size", "micro_batch_size", "eval_batch_size",
@@ -987,21 +997,22 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints"
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
-    gone = {("parallel", "ddp"), ("check_replicas", False)}        # flags of earlier versions, at what one process ran
-    saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch
-             **{k: v for k, v in recorded_config(run_dir).items() if (k, v) not in gone
-                and k != "logprob_chunk_size"}}  # before 2026-11-26: any value computed the same log-probs
-    if "eval_only" not in saved and 0 < saved["min_signal_groups"] < saved.get("batch_size", Config.batch_size):
-        raise UserError(f"{run_dir} trained on exactly --min-signal-groups {saved['min_signal_groups']} groups a step, "
-                        f"as versions before 2026-11-25 did (now a floor): this version cannot continue it alike")
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
+    recorded = recorded_config(run_dir)          # a dict: is_run_dir says so
+    gone = {"parallel": "ddp", "check_replicas": False}      # flags of earlier versions, at what one process ran
+    saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch
+             **{k: v for k, v in recorded.items() if not (k in gone and v == gone[k])
+                and k != "logprob_chunk_size"}}  # before 2026-11-26: any value computed the same log-probs
     if unknown := sorted(set(saved) - set(Config.__dataclass_fields__)):
         raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
     for f in dataclasses.fields(Config):
         value = saved.get(f.name, f.default)
         if not (type(value) is type(f.default) or (type(f.default) is float and type(value) is int)):
             raise UserError(f"{run_dir / 'config.json'}: {f.name} = {value!r} is not a {type(f.default).__name__}")
+    if "eval_only" not in recorded and 0 < saved["min_signal_groups"] < saved.get("batch_size", Config.batch_size):
+        raise UserError(f"{run_dir} trained on exactly --min-signal-groups {saved['min_signal_groups']} groups a step, "
+                        f"as versions before 2026-11-25 did (now a floor): this version cannot continue it alike")
     return Config(**saved)
 
 
@@ -1024,18 +1035,33 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         raise UserError("--demo builds its own model: leave out MODEL_PATH")
     if args.resume:
         base = saved_config(Path(args.resume))
+        if explicit.get("dtype") == "auto":          # recorded as it resolved: auto keeps it
+            del explicit["dtype"]
         if "output_dir" in explicit and Path(explicit["output_dir"]).resolve() != Path(args.resume).resolve():
             raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
         # A --lr-decay run's learning rate was already decayed towards its old last step, which must stay
         may_change = (RESUME_MAY_CHANGE | {"output_dir"}) - ({"max_steps", "num_epochs"} if base.lr_decay else set())
+        if explicit.get("generation_batch_size", base.generation_batch_size) != base.generation_batch_size:
+            print(f"warning: --generation-batch-size {base.generation_batch_size} -> "
+                  f"{explicit['generation_batch_size']}: the samples from here on differ from those the run would "
+                  f"have drawn (the training stays correct, but is no longer bit-identical to an uninterrupted run)",
+                  file=sys.stderr)
         if changed := sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k)):
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
-                            f"the run was trained with other values (start a new run instead)")
+                            f"the run was started with other values (start a new run instead)")
         return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
+    if args.demo and explicit.get("eval_only"):
+        raise UserError("--demo trains and scores its own model: --eval-only has no model to score there")
     base = demo_grpo_config(Config()) if args.demo else Config()
     if explicit.get("task", base.task) != "gsm8k" and "dataset" not in explicit:
         explicit["dataset"] = ""          # ./gsm8k would silently train another task on GSM8K's questions
-    return dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit}), args
+    cfg = dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit})
+    unused = sorted(set(explicit) - EVAL_ONLY_FLAGS) if cfg.eval_only else \
+        sorted({"lora_alpha", "lora_targets"} & set(explicit)) if not cfg.lora_rank else []
+    if unused:          # a flag that changes nothing would be recorded as if it had
+        raise UserError(f"{', '.join(map(flag_name, unused))} would do nothing " + (
+            "with --eval-only, which trains nothing" if cfg.eval_only else "without --lora-rank (full fine-tuning)"))
+    return cfg, args
 
 
 def looks_local(path: str) -> bool:
@@ -1096,7 +1122,7 @@ def ctrl_c_latch():
 # ----- The run folder: claimed before any work, written only by this run, resumable after any phase -----
 
 RUN_LOCK = "run.lock"
-RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl",
+RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl", "eval.jsonl",
               "before_after.md", "plots", "checkpoints", "final", RUN_LOCK}
 
 
@@ -1225,17 +1251,20 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
                 f"its --lr-decay schedule ended there; start a new run from {run_dir / 'final'}" if cfg.lr_decay
                 else f"its training problems ran out; pass a larger --num-epochs (now {cfg.num_epochs}) to train it "
                 f"further" if used_up else "pass a larger --max-steps or --num-epochs to train it further"))
+        if cfg.max_steps and cfg.max_steps < run.start["step"]:        # it would record a limit it went past
+            raise UserError(f"--max-steps {cfg.max_steps}: {run_dir} is at step {run.start['step']} already (its "
+                            f"newest checkpoint); pass at least that, or leave the flag out")
         print(f"Resuming from {checkpoint} (step {run.start['step']})")
         run.t_start -= run.summary.get("wall_seconds", 0.0)
         run.saved_step = run.start["step"]
     elif resume and run.summary.get("finished"):          # its checkpoints were deleted: never retrain over it
-        raise UserError(f"{run_dir} finished (--eval-only: its evaluation is in eval_before.jsonl)" if cfg.eval_only
+        raise UserError(f"{run_dir} finished (--eval-only: its scores are in eval.jsonl)" if cfg.eval_only
                         else f"{run_dir} finished, and it has no checkpoint left to continue from: its trained model "
                         f"is in {run_dir / 'final'}; start a new run from there to train it further")
     elif resume:
         print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
               file=sys.stderr)
-    if resume:
+    if resume and not cfg.eval_only:
         write_jsonl(run_dir / "metrics.jsonl",
                     [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
     resumes = earlier.get("resumes", []) + [{"argv": sys.argv, "at_step": run.start["step"]}] if resume else []
@@ -1251,7 +1280,7 @@ def checked_inputs(run: Run, saved: dict, reads_model: bool) -> dict:
     start reads it (a fresh start, a resume with no checkpoint yet, the KL reference, LoRA). A resume whose inputs
     changed since the run began is refused: it would pair records of other problems, or train another model."""
     digest = lambda data: hashlib.sha256(json.dumps([data.prompts, data.answers], default=str).encode()).hexdigest()
-    inputs = {"train": digest(run.loader.dataset), "eval": digest(run.eval_set),
+    inputs = {"train": digest(run.loader.dataset) if run.loader else None, "eval": digest(run.eval_set),
               "model": folder_fingerprint(run.cfg.model_path) if reads_model else saved.get("model")}
     names = {"train": f"training problems of {run.cfg.dataset or 'the generated task'}",
              "eval": f"evaluation problems of {run.cfg.dataset or 'the generated task'}",
@@ -1292,6 +1321,22 @@ def evaluate_before(run: Run) -> None:
     write_json(run.run_dir / "summary.json", run.summary)
 
 
+def score_only(run: Run) -> None:
+    """--eval-only: the greedy accuracy of MODEL_PATH as loaded (eval.jsonl; summary.json says what was scored)."""
+    cfg = run.cfg
+    print(f"Scoring {cfg.model_path} ({cfg.dtype}, {cfg.max_new_tokens} new tokens) on {len(run.eval_set)} "
+          f"{cfg.eval_split} problems...")
+    scores, records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, desc="eval")
+    write_jsonl(run.run_dir / "eval.jsonl", records)
+    print(f"Accuracy: {scores['accuracy']:.2%} ({len(records)} {cfg.eval_split} problems, format "
+          f"{scores['format_rate']:.0%})")
+    run.summary = {"eval_only": True, "accuracy": scores["accuracy"], "evaluation": scores,
+                   "scored": {"model": cfg.model_path, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
+                              "problems": f"{cfg.eval_split} {cfg.eval_start}-{cfg.eval_start + len(records) - 1}"},
+                   "wall_seconds": time.perf_counter() - run.t_start, "finished": True}
+    write_json(run.run_dir / "summary.json", run.summary)
+
+
 def checkpoint_now(run: Run) -> None:
     if run.last_record is not None and run.last_record["step"] != run.saved_step:
         save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
@@ -1329,6 +1374,12 @@ def train_phase(run: Run) -> None:
         checkpoint_now(run)      # still under the stop-after-this-step protection: a stop now loses no step
         if _ctrl_c["asked"]:
             raise TrainingInterrupted
+        if cfg.max_steps and (done := run.last_record["step"] if run.last_record else run.start["step"]) < \
+                cfg.max_steps:      # signal filling draws up to 1 + --max-draws batches a step
+            run.summary["problems_ran_out"] = True
+            print(f"warning: the training problems ran out after step {done}, short of --max-steps "
+                  f"{cfg.max_steps} (a step draws up to {1 + cfg.max_draws} batches): add --num-epochs to reach it",
+                  file=sys.stderr)
     except TrainingInterrupted:
         checkpoint_now(run)
         write_plots(run_dir, run.summary)
@@ -1670,6 +1721,9 @@ def redraw_report(run_dir: Path) -> None:
     """--report: plots and before_after.md of a run, drawn again from its records."""
     if not is_run_dir(run_dir):
         raise UserError(f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
+    if recorded_config(run_dir).get("eval_only") is True:
+        raise UserError(f"--report {run_dir}: an --eval-only run has no curves nor before/after to draw: its scores "
+                        f"are in eval.jsonl and summary.json")
     lock = None
     try:
         lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
@@ -1829,6 +1883,34 @@ def weight_dtype(name: str, device: torch.device) -> torch.dtype:
           f"float32 weights and gradients take twice the memory (Qwen2.5-1.5B with AdamW: 23.0 GiB, not 17.3)",
           file=sys.stderr)
     return torch.float32
+
+
+def check_kv_cache_fits(cfg: Config, model, device: torch.device) -> None:
+    """On a CPU, refuse a generation or evaluation batch whose KV cache alone would outgrow the memory available: the
+    OS would kill the run without a word (exit 137). On CUDA, out of memory is caught and the batch halved instead."""
+    config, available = getattr(model, "config", None), available_memory()
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else None)
+    layers, kv_heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_key_value_heads", None) or heads
+    if device.type != "cpu" or available is None or not (layers and kv_heads and head_dim):
+        return
+    per_token = 2 * layers * kv_heads * head_dim * next(model.parameters()).element_size()    # keys and values
+    batches = [("--eval-batch-size", cfg.eval_batch_size)] + ([] if cfg.eval_only else [
+        ("--generation-batch-size", min(cfg.generation_batch_size, cfg.batch_size * cfg.group_size))])
+    for flag, rows in batches:
+        need = rows * (cfg.max_prompt_length + cfg.max_new_tokens) * per_token
+        if need > available:
+            raise UserError(f"{flag} {rows} x {cfg.max_prompt_length + cfg.max_new_tokens} tokens would need a "
+                            f"{need / 2**30:,.0f} GiB KV cache, more than the {available / 2**30:,.1f} GiB of memory "
+                            f"available: lower it (--group-size divides --generation-batch-size)")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says a process can still take (Linux), or None where it does not say."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return None
 
 
 def enable_checkpointing(model) -> None:
@@ -2022,9 +2104,14 @@ def load_split(dataset: str, split: str):
     """`datasets.load_dataset` with the template's layout, failing in one line when the data is not there."""
     import datasets
     local, is_local = Path(dataset), looks_local(dataset)
+    layout = "GSM8K in hub layout (main/train-*.parquet and main/test-*.parquet)"
+    if is_local and local.exists() and not local.is_dir():
+        raise UserError(f"--dataset {dataset} is a file: pass the folder that holds {layout}")
     if is_local and not local.is_dir():
-        raise UserError(f"dataset folder {dataset} does not exist: put GSM8K in hub layout there (e.g. `git clone "
+        raise UserError(f"dataset folder {dataset} does not exist: put {layout} there (e.g. `git clone "
                         f"https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
+    if is_local and not any(local.iterdir()):
+        raise UserError(f"dataset folder {dataset} is empty: put {layout} there")
     try:
         if is_local:      # datasets keys its cache on the folder name, not the content: two ./gsm8k would collide
             # The hub's README.md declares the config 'main'; without it (hf download --include "main/*"), or for

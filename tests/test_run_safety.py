@@ -1035,18 +1035,34 @@ def test_a_run_whose_training_problems_ran_out_is_finished(model_dir, gsm8k_dir,
     assert all(p.stat().st_mtime_ns == t for p, t in written.items())
 
 
+def eval_args(model_dir, gsm8k_dir, out, *extra):
+    """--eval-only takes only the flags that shape an evaluation (the others would do nothing, and are refused)."""
+    return [str(model_dir), "--eval-only", "--dataset", str(gsm8k_dir), "--output-dir", str(out), "--device", "cpu",
+            "--eval-size", "4", "--max-new-tokens", "8", "--eval-batch-size", "4", "--dtype", "float32", *extra]
+
+
 def test_eval_only_scores_a_model_at_its_own_budget_and_trains_nothing(model_dir, gsm8k_dir, tmp_path, capsys):
-    """How a saved model (a run's final/, or the starting one) is scored at another --max-new-tokens: the evaluation
-    before training, and nothing else; finished, so a resume has nothing to do."""
+    """How a saved model (a run's final/, or the starting one) is scored at another --max-new-tokens: one
+    evaluation, worded as one and recorded as one; no training problems read, no optimizer; finished, so a resume
+    has nothing to do, and --report has nothing to draw."""
     out = tmp_path / "score"
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--eval-only", "--max-new-tokens", "5")) == 0
-    assert not (out / "final").exists() and not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+    test_only = gh.write_hub_dataset(tmp_path / "test-only", {"test": PROBLEMS[:4]})    # no train split at all
+    assert gh.main(eval_args(model_dir, test_only, out, "--max-new-tokens", "5")) == 0
+    printed = capsys.readouterr().out
+    assert "Setting up optimizer" not in printed and "before training" not in printed and "starting model" not in printed
+    assert f"Scoring {model_dir} (float32, 5 new tokens) on 4 test problems..." in printed
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "eval.jsonl", "run.lock", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["finished"] and summary["steps"] == 0 and "accuracy_after" not in summary
-    records = [json.loads(line) for line in (out / "eval_before.jsonl").read_text().splitlines()]
+    assert summary["finished"] and summary["eval_only"] and "accuracy_before" not in summary
+    assert summary["scored"] == {"model": str(model_dir), "dtype": "float32", "max_new_tokens": 5,
+                                 "problems": "test 0-3"}
+    records = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert len(records) == 4 and max(r["tokens"] for r in records) == 5 and any(r["truncated"] for r in records)
+    assert summary["accuracy"] == sum(r["correct"] for r in records) / 4
     code, err = main_err(["--resume", out], capsys)
-    assert code == 2 and "finished (--eval-only" in err
+    assert code == 2 and "finished (--eval-only: its scores are in eval.jsonl)" in err
+    code, err = main_err(["--report", out], capsys)
+    assert code == 2 and "an --eval-only run has no curves nor before/after to draw" in err
 
 
 @pytest.mark.parametrize("saved", ["float32", "bfloat16"])
@@ -1059,27 +1075,142 @@ def test_eval_only_scores_a_float32_folder_in_float32(model_dir, gsm8k_dir, tmp_
     model, tok = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), saved)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    args = [a for a in tiny_args(folder, gsm8k_dir, tmp_path / "auto", "--eval-only") if a not in ("--dtype", "float32")]
+    args = eval_args(folder, gsm8k_dir, tmp_path / "auto")[:-2]
     assert "--dtype" not in args and gh.main(args) == 0
-    assert json.loads((tmp_path / "auto" / "config.json").read_text())["config"]["dtype"] == saved
-    assert gh.main(tiny_args(folder, gsm8k_dir, tmp_path / "explicit", "--eval-only", "--dtype", saved)) == 0
-    assert (tmp_path / "auto" / "eval_before.jsonl").read_text() == \
-        (tmp_path / "explicit" / "eval_before.jsonl").read_text()
+    assert json.loads((tmp_path / "auto" / "summary.json").read_text())["scored"]["dtype"] == saved
+    assert gh.main(eval_args(folder, gsm8k_dir, tmp_path / "explicit", "--dtype", saved)) == 0
+    assert (tmp_path / "auto" / "eval.jsonl").read_text() == (tmp_path / "explicit" / "eval.jsonl").read_text()
 
 
 def test_eval_start_scores_test_problems_by_position_and_refuses_ranges_past_the_split(model_dir, gsm8k_dir, tmp_path,
                                                                                          capsys):
     """The untouched-problems evaluation (--eval-start 200 on GSM8K): the fixture's test split has 4 problems."""
-    from conftest import PROBLEMS
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "tail", "--eval-only", "--eval-start", "2",
-                             "--eval-size", "0")) == 0
-    records = [json.loads(line) for line in (tmp_path / "tail" / "eval_before.jsonl").read_text().splitlines()]
+    assert gh.main(eval_args(model_dir, gsm8k_dir, tmp_path / "tail", "--eval-start", "2", "--eval-size", "0")) == 0
+    records = [json.loads(line) for line in (tmp_path / "tail" / "eval.jsonl").read_text().splitlines()]
     assert [r["question"] for r in records] == [p["question"] for p in PROBLEMS[2:4]]
+    assert json.loads((tmp_path / "tail" / "summary.json").read_text())["scored"]["problems"] == "test 2-3"
     for flags, message in [(["--eval-start", "4", "--eval-size", "0"], "has no rows (a start past its end?"),
                            (["--eval-start", "3", "--eval-size", "2"], "there are only 1 test problems"),
                            (["--eval-start", "-1"], "--eval-start must not be negative"),
                            (["--eval-split", "validation", "--val-size", "2", "--eval-start", "1", "--eval-size", "2"],
                             "at least --eval-start + --eval-size")]:
         out = tmp_path / f"refused-{flags[1]}-{flags[-1]}"
-        code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--eval-only", *flags), capsys)
+        code, err = main_err(eval_args(model_dir, gsm8k_dir, out, *flags), capsys)
         assert code == 2 and message in err and not out.exists(), err
+
+
+SHORT = ("--max-steps", "1", "--train-size", "4", "--eval-size", "1", "--max-new-tokens", "2", "--batch-size", "2",
+         "--group-size", "2", "--generation-batch-size", "2", "--dtype", "float32")   # a regression fails in seconds
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--eval-only", "--kl-coef", "0.1"], "--kl-coef would do nothing with --eval-only, which trains nothing"),
+    (["--eval-only", "--learning-rate", "1e-5", "--lora-rank", "8"],
+     "--learning-rate, --lora-rank would do nothing with --eval-only"),
+    (["--lora-alpha", "16", *SHORT], "--lora-alpha would do nothing without --lora-rank (full fine-tuning)"),
+    (["--lora-targets", "q_proj", *SHORT], "--lora-targets would do nothing without --lora-rank"),
+])
+def test_flags_that_would_do_nothing_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flags, message):
+    args = [str(model_dir), "--dataset", str(gsm8k_dir), "--output-dir", str(tmp_path / "run"), "--device", "cpu",
+            *flags]
+    code, err = main_err(args, capsys)
+    assert code == 2 and message in err and not (tmp_path / "run").exists(), err
+
+
+def test_demo_with_eval_only_is_one_line_before_any_work(tmp_path, capsys):
+    code, err = main_err(["--demo", "--eval-only", "--output-dir", tmp_path / "demo"], capsys)
+    assert code == 2 and "--eval-only has no model to score there" in err and not (tmp_path / "demo").exists()
+
+
+def test_training_short_of_max_steps_because_problems_ran_out_says_so(model_dir, gsm8k_dir, tmp_path, capsys,
+                                                                      monkeypatch):
+    """8 training problems, 2 a batch: 4 batches. Signal filling (a step draws up to 1 + --max-draws batches until
+    --batch-size groups have spread) uses them up in fewer than --max-steps 4 steps."""
+    monkeypatch.setattr(gh, "compute_reward", lambda completions, golds, **kw: torch.zeros(len(completions)))
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "4", "--max-draws", "1",
+                             step_per_batch=False)) == 0
+    err = capsys.readouterr().err
+    assert "warning: the training problems ran out after step 2, short of --max-steps 4" in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["problems_ran_out"] is True
+
+
+def test_resume_with_another_generation_batch_size_warns_that_samples_change(run_copy, capsys):
+    assert gh.main(["--resume", str(run_copy), "--max-steps", "3", "--generation-batch-size", "8"]) == 0
+    assert "warning: --generation-batch-size 4 -> 8: the samples from here on differ" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [[1, 2], {"a": 1}, None, "2"])
+def test_damaged_saved_values_are_one_line_on_resume(run_copy, capsys, value):
+    record = json.loads((run_copy / "config.json").read_text())
+    for field in ("min_signal_groups", "parallel"):
+        record["config"][field] = value
+        (run_copy / "config.json").write_text(json.dumps(record))
+        code, err = main_err(["--resume", run_copy], capsys)
+        assert code == 2 and str(run_copy / "config.json") in err, err
+        del record["config"][field]
+    (run_copy / "config.json").write_text(json.dumps({**record, "config": "oops"}))
+    code, err = main_err(["--resume", run_copy], capsys)
+    assert code == 2 and "no run record (config.json) there, so it is not a run directory" in err, err
+
+
+def test_resume_with_dtype_auto_keeps_the_recorded_dtype(run_copy, capsys):
+    assert gh.main(["--resume", str(run_copy), "--max-steps", "3", "--dtype", "auto"]) == 0
+    assert json.loads((run_copy / "config.json").read_text())["config"]["dtype"] == "float32"
+
+
+def test_resume_with_max_steps_below_the_checkpoint_is_refused(run_copy, capsys):
+    summary = json.loads((run_copy / "summary.json").read_text())
+    (run_copy / "summary.json").write_text(json.dumps({**summary, "finished": False}))
+    code, err = main_err(["--resume", run_copy, "--max-steps", "1"], capsys)
+    assert code == 2 and "--max-steps 1: " in err and "is at step 2 already" in err, err
+
+
+def test_a_run_folder_or_a_file_given_as_model_or_data_is_named(model_dir, gsm8k_dir, run_copy, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "data.parquet").write_bytes(b"x")
+    for args, message in [([run_copy, "--dataset", gsm8k_dir], f"is a run folder: its trained model is {run_copy}"),
+                          ([model_dir, "--dataset", tmp_path / "data.parquet"], "is a file: pass the folder"),
+                          ([model_dir, "--dataset", tmp_path / "empty"], "is empty: put GSM8K in hub layout")]:
+        code, err = main_err([*args, "--output-dir", tmp_path / "out", "--device", "cpu"], capsys)
+        assert code == 2 and message in err and not (tmp_path / "out").exists(), err
+
+
+def test_a_generation_batch_whose_kv_cache_cannot_fit_is_refused_before_it_starts(model_dir, gsm8k_dir, tmp_path,
+                                                                                  capsys):
+    """Else the OS kills the process (exit 137) without a word."""
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", "--group-size", "1000000",
+                                   "--generation-batch-size", "1000000"), capsys)
+    assert code == 2 and "--generation-batch-size 1000000 x 520 tokens would need a" in err, err
+    assert "GiB of memory available" in err and not (tmp_path / "run").exists()
+
+
+def test_the_gsm8k_runs_analyze_script_reads_odd_records_in_one_line(tmp_path):
+    """plots/qwen-gsm8k-b256/analyze.py: no folder or no metrics.jsonl, a torn last line, an empty evaluation, and a
+    run whose updates moved nothing (policy_kl 0: no log scale)."""
+    run = ROOT / "plots" / "qwen-gsm8k-b256"
+    analyze = lambda folder, *extra: subprocess.run([sys.executable, str(run / "analyze.py"), str(folder), *extra],
+                                                    capture_output=True, text=True, timeout=120)
+    (tmp_path / "no-metrics").mkdir()
+    for folder, message in ((tmp_path / "none", "is not a folder"), (tmp_path / "no-metrics", "does not exist")):
+        result = analyze(folder)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and message in result.stderr
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    for name in ("summary.json", "eval_before.jsonl", "eval_after.jsonl"):
+        shutil.copy(run / name, torn / name)
+    metrics = (run / "metrics.jsonl").read_text()
+    (torn / "metrics.jsonl").write_text(metrics + '{"step": 33, "rew')
+    result = analyze(torn)
+    assert result.returncode == 0 and "ignoring a half-written last line" in result.stderr, result.stderr
+    assert "gained 20, lost 7, sign test p = 0.0192" in result.stdout
+    (torn / "eval_after.jsonl").write_text("")
+    result = analyze(torn)
+    assert result.returncode == 2 and "a pair of evaluations is empty or holds other problems" in result.stderr
+    (torn / "eval_after.jsonl").unlink()
+    still = [{**json.loads(line), "policy_kl": 0.0} for line in metrics.splitlines()]
+    (torn / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in still))
+    result = analyze(torn, tmp_path / "curves.png")
+    assert result.returncode == 0 and "warning" not in result.stderr.lower(), result.stderr
+    assert (tmp_path / "curves.png").stat().st_size > 10_000

@@ -1,7 +1,9 @@
 """Figures of the GSM8K run, from its records alone: python analyze.py [RUN_DIR] [CURVES_PNG]
-For each pair of evaluations of the same problems (eval_before/after.jsonl at the training budget; the *_512 pair
-at 512 tokens), the report's row: accuracy (right = the reward's reader; strict = right and in a well-formed final
-line), flips and their two-sided exact sign test, cut share, mean length, right of the finished; the free
+For each pair of evaluations of the same problems (eval_before/after.jsonl at the training budget and the *_512
+pair at 512 tokens, on test problems 0-199; the *_untouched_256 and *_untouched_512 pairs on test problems
+200-1318, plan.md), the report's row: accuracy (right = the reward's reader; strict = right and in a well-formed
+final line), flips with their two-sided exact sign test and the paired 95% interval of the difference, cut share,
+mean length, right of the finished; the free
 control's row (control-test-256.json) beside the first pair; then the per-step table. With CURVES_PNG, one
 figure of four curves per step: sampled reward, length, cut share, policy_kl."""
 import json
@@ -11,7 +13,21 @@ from pathlib import Path
 
 
 def rows(path):
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """A JSON-lines record's rows; a torn last line (a process stopped mid-write) is dropped with a warning."""
+    if not path.is_file():
+        print(f"analyze.py: {path} does not exist", file=sys.stderr)
+        sys.exit(2)
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                print(f"analyze.py: {path} line {i + 1} is not JSON", file=sys.stderr)
+                sys.exit(2)
+            print(f"warning: {path}: ignoring a half-written last line", file=sys.stderr)
+    return out
 
 
 def sign_test(gained, lost):
@@ -38,8 +54,10 @@ def flips(base, other, ok=LENIENT):
 
 
 def same_problems(*evaluations):
-    assert all([r["question"] for r in e] == [r["question"] for r in evaluations[0]] for e in evaluations), \
-        "not the same problems"
+    if not all(evaluations) or not all([r["question"] for r in e] == [r["question"] for r in evaluations[0]]
+                                       for e in evaluations):
+        print("analyze.py: a pair of evaluations is empty or holds other problems", file=sys.stderr)
+        sys.exit(2)
 
 
 def control_row(run, before, after):
@@ -57,16 +75,27 @@ def compare(before, after, label):
         print(table_row(name, recs))
     for kind, ok in (("lenient", LENIENT), ("strict", STRICT)):
         gained, lost, line = flips(before, after, ok)
-        print(f"{kind}: {line}")
+        n, diff = len(before), (len(gained) - len(lost)) / len(before)
+        half = 1.96 * math.sqrt(max((len(gained) + len(lost)) / n - diff ** 2, 0) / n)    # paired normal interval
+        print(f"{kind}: {line}; difference {100 * diff:+.1f} points (95% interval {100 * (diff - half):+.1f} to "
+              f"{100 * (diff + half):+.1f})")
         if kind == "lenient":
             print(f"  gains cut before: {sum(before[i]['truncated'] for i in gained)} (the others finished wrong); "
                   f"losses cut after: {sum(after[i]['truncated'] for i in lost)}\n  gained records: {gained}\n"
                   f"  lost records: {lost}")
 
 
+LABELS = {"": "at the training budget, test problems 0-199", "_512": "at 512 new tokens, test problems 0-199",
+          "_untouched_256": "at 256 new tokens, test problems 200-1318 (plan.md)",
+          "_untouched_512": "at 512 new tokens, test problems 200-1318 (plan.md)"}
+
+
 def main(run):
     run = Path(run)
-    for suffix, label in (("", "at the training budget"), ("_512", "at 512 new tokens (--eval-only)")):
+    if not run.is_dir():
+        print(f"analyze.py: {run} is not a folder", file=sys.stderr)
+        sys.exit(2)
+    for suffix, label in LABELS.items():
         pair = [run / f"eval_{when}{suffix}.jsonl" for when in ("before", "after")]
         if all(p.exists() for p in pair):
             compare(*map(rows, pair), label)
@@ -103,7 +132,8 @@ def plot_curves(run, metrics, out):
         if key in summary:
             axes[0, 0].axhline(summary[key], color=color, linestyle="--", label=f"{when} {summary[key]:.1%}")
     axes[0, 0].legend()
-    axes[1, 1].set_yscale("log")
+    if any(m["policy_kl"] > 0 for m in metrics):       # a run without signal moved nothing: no log scale then
+        axes[1, 1].set_yscale("log")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
 
