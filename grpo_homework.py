@@ -697,6 +697,99 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     return history
 
 
+# ----- What train_grpo calls: its settings, epochs from where a run stands, a step filled with signal (DAPO) -----
+
+def loop_config(cfg: Config | None, **given) -> Config:
+    """train_grpo's settings: the template's arguments over Config's defaults (no step limit, a step per batch), or
+    cfg, which must agree with them (two values for one setting would leave a reader guessing which trained)."""
+    if cfg is None:
+        return Config(max_steps=0, min_signal_groups=0, **given)
+    if [k for k, v in given.items() if getattr(cfg, k) != v]:
+        raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
+    return cfg
+
+
+def progress_bar(cfg: Config, loader, done: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True, disable=None)
+
+
+def epochs_from(loader, num_epochs: int, start: dict):
+    """(epoch, iterator of (index, batch)) from where a resumed run stopped: its epoch, less the batches it used."""
+    for epoch in range(start["epoch"], num_epochs):
+        if hasattr(sampler := getattr(loader, "sampler", None), "set_epoch"):   # the run's sampler: a new
+            sampler.set_epoch(epoch)                                            # order each epoch, the same on resume
+        batches = enumerate(loader)
+        if epoch == start["epoch"]:
+            batches = itertools.islice(batches, start["batch_in_epoch"], None)
+        yield epoch, batches
+
+
+def draw_for_signal(first: Rollout, index: int, batches, sample_and_score, cfg: Config) -> tuple[list, int]:
+    """--min-signal-groups: further batches of this epoch, at most --max-draws, until enough groups' rewards differ.
+    Returns the rollouts drawn and the index of the last batch used."""
+    drawn = [first]
+    while wants_more_signal(drawn, cfg) and len(drawn) <= cfg.max_draws and (more := next(batches, None)):
+        index, batch = more
+        drawn.append(sample_and_score(batch))
+    return drawn, index
+
+
+def end_step(optimizer, cfg: Config, extras: LoopExtras, bar, epoch: int, index: int, sampled: Rollout,
+             rollout: Rollout, stats: dict, seconds: tuple, done: int) -> dict:
+    """After an update: the learning-rate schedule, the step's record (logged, checkpointed by on_step), the
+    progress bar, and a stop asked for (Ctrl-C: the run stops after this step)."""
+    lr = optimizer.param_groups[0]["lr"]
+    if extras.scheduler is not None:      # counts steps, those without an optimizer step too
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            extras.scheduler.step()
+    record = step_record(done + 1, epoch, index + 1, sampled, rollout, stats, cfg, lr, *seconds)
+    bar.update(1)
+    bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
+                    entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
+    if extras.on_step:
+        extras.on_step(record)
+    if extras.stop_flag and extras.stop_flag():
+        raise TrainingInterrupted(done + 1)
+    return record
+
+
+def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
+    grouped = rewards.view(-1, group_size)
+    return ~(grouped == grouped[:, :1]).all(1)
+
+
+def wants_more_signal(drawn: list[Rollout], cfg: Config) -> bool:
+    """Whether a step should draw another batch: it holds fewer groups with spread than --min-signal-groups."""
+    return sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn) < cfg.signal_groups
+
+
+def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """A step's batches (one or more) as one rollout: prompts left-padded to the longest, completions right-padded
+    (padding is out of the attention and loss masks, and positions come from the mask: every row scores as before)."""
+    prompt = max(r.prompt_length for r in parts)
+    width = max(r.output_ids.shape[1] - r.prompt_length for r in parts)
+    pad = lambda r, t, value: F.pad(t, (prompt - r.prompt_length, width + r.prompt_length - t.shape[1]), value=value)
+    return Rollout(*(torch.cat([pad(r, getattr(r, name), value) for r in parts]) for name, value in
+                     (("output_ids", pad_id), ("attention_mask", 0), ("loss_mask", False))), prompt,
+                   [c for r in parts for c in r.completions],
+                   *(torch.cat([getattr(r, name) for r in parts]) for name in
+                     ("rewards", "advantages", "truncated", "completion_lengths")))
+
+
+def groups_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
+    """A step's batch for the update: --batch-size groups (or --min-signal-groups, if more), those whose rewards
+    differ first; groups without spread make up the count (no gradient: rows_with_signal skips them). So
+    --min-signal-groups is a floor: below --batch-size, a batch with that many groups with spread trains on all."""
+    has = spread(rollout.rewards, cfg.group_size)
+    keep = max(cfg.signal_groups, cfg.batch_size)
+    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:keep].sort().values
+    rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
+    return select_rows(rollout, rows)
+
+
 def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval") -> tuple[dict, list[dict]]:
     """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
     from tqdm.auto import tqdm
@@ -1420,99 +1513,6 @@ def finish_run(run: Run) -> None:
     write_before_after(run_dir)
     write_json(run_dir / "summary.json", run.summary)      # finished only now: a Ctrl-C before resumes
     print(f"Run written to {run_dir}")
-
-
-# ----- Filling a step with signal (--min-signal-groups): DAPO's dynamic sampling -----
-
-def loop_config(cfg: Config | None, **given) -> Config:
-    """train_grpo's settings: the template's arguments over Config's defaults (no step limit, a step per batch), or
-    cfg, which must agree with them (two values for one setting would leave a reader guessing which trained)."""
-    if cfg is None:
-        return Config(max_steps=0, min_signal_groups=0, **given)
-    if [k for k, v in given.items() if getattr(cfg, k) != v]:
-        raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
-    return cfg
-
-
-def progress_bar(cfg: Config, loader, done: int):
-    from tqdm.auto import tqdm
-    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True, disable=None)
-
-
-def epochs_from(loader, num_epochs: int, start: dict):
-    """(epoch, iterator of (index, batch)) from where a resumed run stopped: its epoch, less the batches it used."""
-    for epoch in range(start["epoch"], num_epochs):
-        if hasattr(sampler := getattr(loader, "sampler", None), "set_epoch"):   # the run's sampler: a new
-            sampler.set_epoch(epoch)                                            # order each epoch, the same on resume
-        batches = enumerate(loader)
-        if epoch == start["epoch"]:
-            batches = itertools.islice(batches, start["batch_in_epoch"], None)
-        yield epoch, batches
-
-
-def draw_for_signal(first: Rollout, index: int, batches, sample_and_score, cfg: Config) -> tuple[list, int]:
-    """--min-signal-groups: further batches of this epoch, at most --max-draws, until enough groups' rewards differ.
-    Returns the rollouts drawn and the index of the last batch used."""
-    drawn = [first]
-    while wants_more_signal(drawn, cfg) and len(drawn) <= cfg.max_draws and (more := next(batches, None)):
-        index, batch = more
-        drawn.append(sample_and_score(batch))
-    return drawn, index
-
-
-def end_step(optimizer, cfg: Config, extras: LoopExtras, bar, epoch: int, index: int, sampled: Rollout,
-             rollout: Rollout, stats: dict, seconds: tuple, done: int) -> dict:
-    """After an update: the learning-rate schedule, the step's record (logged, checkpointed by on_step), the
-    progress bar, and a stop asked for (Ctrl-C: the run stops after this step)."""
-    lr = optimizer.param_groups[0]["lr"]
-    if extras.scheduler is not None:      # counts steps, those without an optimizer step too
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
-            extras.scheduler.step()
-    record = step_record(done + 1, epoch, index + 1, sampled, rollout, stats, cfg, lr, *seconds)
-    bar.update(1)
-    bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
-                    entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
-    if extras.on_step:
-        extras.on_step(record)
-    if extras.stop_flag and extras.stop_flag():
-        raise TrainingInterrupted(done + 1)
-    return record
-
-
-def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
-    grouped = rewards.view(-1, group_size)
-    return ~(grouped == grouped[:, :1]).all(1)
-
-
-def wants_more_signal(drawn: list[Rollout], cfg: Config) -> bool:
-    """Whether a step should draw another batch: it holds fewer groups with spread than --min-signal-groups."""
-    return sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn) < cfg.signal_groups
-
-
-def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """A step's batches (one or more) as one rollout: prompts left-padded to the longest, completions right-padded
-    (padding is out of the attention and loss masks, and positions come from the mask: every row scores as before)."""
-    prompt = max(r.prompt_length for r in parts)
-    width = max(r.output_ids.shape[1] - r.prompt_length for r in parts)
-    pad = lambda r, t, value: F.pad(t, (prompt - r.prompt_length, width + r.prompt_length - t.shape[1]), value=value)
-    return Rollout(*(torch.cat([pad(r, getattr(r, name), value) for r in parts]) for name, value in
-                     (("output_ids", pad_id), ("attention_mask", 0), ("loss_mask", False))), prompt,
-                   [c for r in parts for c in r.completions],
-                   *(torch.cat([getattr(r, name) for r in parts]) for name in
-                     ("rewards", "advantages", "truncated", "completion_lengths")))
-
-
-def groups_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """A step's batch for the update: --batch-size groups (or --min-signal-groups, if more), those whose rewards
-    differ first; groups without spread make up the count (no gradient: rows_with_signal skips them). So
-    --min-signal-groups is a floor: below --batch-size, a batch with that many groups with spread trains on all."""
-    has = spread(rollout.rewards, cfg.group_size)
-    keep = max(cfg.signal_groups, cfg.batch_size)
-    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:keep].sort().values
-    rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
-    return select_rows(rollout, rows)
 
 
 # ----- Records and checkpoints: JSON and safetensors, each written whole or not at all -----

@@ -766,6 +766,12 @@ def failing_call(monkeypatch, name, on_call, error, when=lambda *a, **k: True):
     monkeypatch.setattr(gh, name, wrapped)
 
 
+def fail_sampling(monkeypatch, on_call, message):
+    """gh.generate_completions raises a CUDA-style error on its on_call-th sampling call (greedy evaluations pass)."""
+    sampling = lambda *args, **kwargs: (args[5] if len(args) > 5 else kwargs["temperature"]) > 0
+    failing_call(monkeypatch, "generate_completions", on_call, RuntimeError(message), sampling)
+
+
 def final_weights(run_dir):
     return load_file(run_dir / "final" / "model.safetensors")
 
@@ -780,9 +786,8 @@ def test_a_failure_mid_step_checkpoints_the_last_step_and_resume_ends_bit_identi
     monkeypatch.setattr(gh, "compute_reward", varied)
     whole, failed = tmp_path / "whole", tmp_path / "failed"
     assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "4")) == 0
-    sampling = lambda *args, **kwargs: (args[5] if len(args) > 5 else kwargs["temperature"]) > 0   # not greedy eval
     with monkeypatch.context() as patch:
-        failing_call(patch, "generate_completions", 3, RuntimeError("CUDA error: an illegal memory access"), sampling)
+        fail_sampling(patch, 3, "CUDA error: an illegal memory access")
         code, err = main_err(tiny_args(model_dir, gsm8k_dir, failed, "--max-steps", "4"), capsys)
     assert code == 2 and err.startswith("error: failed (CUDA error: an illegal memory access) during training; "
                                         "resume with: python") and err.endswith(f" --resume {failed}"), err
@@ -831,9 +836,8 @@ def test_a_run_restarted_from_step_0_repeats_the_uninterrupted_run(model_dir, gs
     monkeypatch.setattr(gh, "compute_reward", varied)
     whole, failed = tmp_path / "whole", tmp_path / "failed"
     assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "2")) == 0
-    sampling = lambda *args, **kwargs: (args[5] if len(args) > 5 else kwargs["temperature"]) > 0   # not greedy eval
     with monkeypatch.context() as patch:
-        failing_call(patch, "generate_completions", 1, RuntimeError("CUDA error: launch failure"), sampling)
+        fail_sampling(patch, 1, "CUDA error: launch failure")
         code, err = main_err(tiny_args(model_dir, gsm8k_dir, failed, "--max-steps", "2"), capsys)
     assert code == 2 and not (failed / "checkpoints").exists() and (failed / "eval_before.jsonl").exists()
     assert gh.main(["--resume", str(failed)]) == 0
