@@ -1090,9 +1090,9 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints"
 
 def saved_config(run_dir: Path) -> Config:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
+    recorded = recorded_config(run_dir)         # unreadable JSON: 'damaged?' in one line
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
-    recorded = recorded_config(run_dir)          # a dict: is_run_dir says so
     gone = {"parallel": "ddp", "check_replicas": False}      # flags of earlier versions, at what one process ran
     saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch
              **{k: v for k, v in recorded.items() if not (k in gone and v == gone[k])

@@ -504,7 +504,7 @@ def test_validation_problems_are_the_first_of_the_train_split_and_never_trained_
 
 @pytest.mark.parametrize("flags, message", [
     (["--eval-split", "validation"], "--eval-split validation scores the --val-size held-out problems"),
-    (["--eval-split", "validation", "--val-size", "2", "--eval-size", "3"], "at least --eval-size"),
+    (["--eval-split", "validation", "--val-size", "2", "--eval-size", "3"], "at least --eval-start + --eval-size"),
     (["--min-signal-groups", "-2"], "--min-signal-groups must be a count of groups, 0 (off) or -1 (--batch-size)"),
     (["--val-size", "7", "--train-size", "2"], "there are only 1 train problems")])
 def test_validation_and_signal_flags_that_cannot_work_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flags,

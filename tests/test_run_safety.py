@@ -633,7 +633,13 @@ def test_a_failure_of_a_library_s_own_kind_while_saving_is_one_line_with_the_res
     class SafetensorError(Exception):                 # safetensors' own error on a full disk is no OSError
         pass
     out = tmp_path / "run"
-    monkeypatch.setattr(gh, "save_model", lambda *a, **k: (_ for _ in ()).throw(SafetensorError("No space left")))
+    real_save = gh.save_model
+
+    def disk_full_at_final(path, *args, **kwargs):      # the checkpoint before it is written, as after any step
+        if path.name == "final.tmp":
+            raise SafetensorError("No space left")
+        return real_save(path, *args, **kwargs)
+    monkeypatch.setattr(gh, "save_model", disk_full_at_final)
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
     assert code == 2 and "failed (No space left) during the final evaluation and save" in err
     assert f"--resume {out}" in err
