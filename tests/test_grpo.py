@@ -360,8 +360,10 @@ def _capture_generate(model, seen):
     """Wrap model.generate to also record the raw and the processed logits of every step."""
     original = model.generate
 
-    def generate(**kwargs):
-        out = original(**kwargs, output_logits=True, output_scores=True, return_dict_in_generate=True)
+    def generate(**kwargs):        # the extra outputs asked in the config: beside it they are deprecated
+        config = copy.deepcopy(kwargs["generation_config"])
+        config.update(output_logits=True, output_scores=True, return_dict_in_generate=True)
+        out = original(**{**kwargs, "generation_config": config})
         seen.append((kwargs, out))
         return out.sequences
     model.generate = generate

@@ -59,12 +59,12 @@ def sampled_and_scored(model, tokenizer):
     temperature, new, samples = 0.7, 12, 2
     eos = gh.eos_token_ids(model, tokenizer)
     config = gh.sampling_config(temperature, new, eos, tokenizer.pad_token_id)
+    config.update(output_scores=True, return_dict_in_generate=True)   # in the config: beside it, deprecated
     ids = batch["input_ids"].repeat_interleave(samples, 0)
     mask = batch["attention_mask"].repeat_interleave(samples, 0)
     torch.manual_seed(1)
     with gh.inference_mode(model):
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, output_scores=True,
-                             return_dict_in_generate=True)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     prompt_length = ids.shape[1]
     sampled = out.sequences[:, prompt_length:]                                         # [rows, new]
     sampler = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)   # [rows, new, vocab]
