@@ -143,8 +143,8 @@ class Config:
     keep_checkpoints: int = _flag(0, "keep only the newest N checkpoints, deleting older ones (0 = keep all)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
-    eval_only: bool = _flag(False, "score MODEL_PATH greedily (the evaluation before) and stop: a saved model at "
-                            "another --max-new-tokens, say; nothing trains and no final/ is written")
+    eval_only: bool = _flag(False, "score MODEL_PATH greedily into eval.jsonl and stop: a saved model at another "
+                            "--max-new-tokens, say (a float32 folder in float32); nothing trains")
     signal_groups = property(lambda c: c.batch_size if c.min_signal_groups == -1 else c.min_signal_groups)  # not a flag
 
 
