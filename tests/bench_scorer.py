@@ -21,28 +21,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
 
 
-def compare(model, tokenizer, batch, samples: int, new_tokens: int, temperature: float = 0.7) -> dict:
+def sample_and_score(model, tokenizer, batch, samples: int, new_tokens: int, temperature: float = 0.7,
+                     seed: int = 0):
+    """Sample `samples` completions per prompt with generate() and score them with TODO 4. Returns the sequences,
+    the full mask, the prompt length, TODO 4's and the sampler's log-prob of each sampled token ([rows, new]) and
+    the positions to compare: up to and including each row's first EOS (after it, generate writes only pads)."""
     eos = gh.eos_token_ids(model, tokenizer)
     config = gh.sampling_config(temperature, new_tokens, eos, tokenizer.pad_token_id)
     config.update(output_scores=True, return_dict_in_generate=True)   # in the config: beside it, deprecated
     ids = batch["input_ids"].repeat_interleave(samples, 0)
     mask = batch["attention_mask"].repeat_interleave(samples, 0)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with gh.inference_mode(model):
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         prompt = ids.shape[1]
         sampled = out.sequences[:, prompt:]                                                # [rows, new]
         sampler = torch.stack([s.float().log_softmax(-1) for s in out.scores], 1)          # [rows, new, vocab]
-        sampler = sampler.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+        sampler = sampler.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)                   # [rows, new]
         full_mask = torch.cat([mask, torch.ones_like(sampled)], 1)
         scored = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
-                                                prompt_length=prompt)[:, prompt:]
+                                                prompt_length=prompt)[:, prompt:]          # [rows, new]
     is_eos = torch.isin(sampled, torch.tensor(eos))
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), sampled.shape[1])
-    valid = torch.arange(sampled.shape[1])[None] <= first[:, None]
+    valid = torch.arange(sampled.shape[1])[None] <= first[:, None]                         # [rows, new]
+    return out.sequences, full_mask, prompt, scored, sampler, valid
+
+
+def compare(model, tokenizer, batch, samples: int, new_tokens: int) -> dict:
+    _, full_mask, _, scored, sampler, valid = sample_and_score(model, tokenizer, batch, samples, new_tokens)
     gap = (scored - sampler)[valid].abs()
     return {"tokens": int(valid.sum()), "max": gap.max().item(), "mean": gap.mean().item(),
-            "left_padded_rows": int((mask[:, 0] == 0).sum())}
+            "left_padded_rows": int((full_mask[:, 0] == 0).sum())}
 
 
 def main() -> None:

@@ -54,32 +54,14 @@ def test_the_prompt_carries_our_instruction_instead_of_smollms_default(smollm2):
 def sampled_and_scored(model, tokenizer):
     """Sample 2 x 2 completions at T 0.7, score them, and check the scorer's log-probs against the sampler's;
     return (sequences, full mask, prompt length, the scorer's log-probs, the valid positions)."""
+    from bench_scorer import sample_and_score
     batch = chat_batch(tokenizer)
     assert (batch["attention_mask"][:, 0] == 0).any(), "one prompt must be left-padded"
-    temperature, new, samples = 0.7, 12, 2
-    eos = gh.eos_token_ids(model, tokenizer)
-    config = gh.sampling_config(temperature, new, eos, tokenizer.pad_token_id)
-    config.update(output_scores=True, return_dict_in_generate=True)   # in the config: beside it, deprecated
-    ids = batch["input_ids"].repeat_interleave(samples, 0)
-    mask = batch["attention_mask"].repeat_interleave(samples, 0)
-    torch.manual_seed(1)
-    with gh.inference_mode(model):
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    prompt_length = ids.shape[1]
-    sampled = out.sequences[:, prompt_length:]                                         # [rows, new]
-    sampler = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)   # [rows, new, vocab]
-    sampler = sampler.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
-    full_mask = torch.cat([mask, torch.ones_like(sampled)], 1)
-    with torch.no_grad():
-        scored = gh.compute_logprobs_from_model(model, out.sequences, full_mask, temperature=temperature,
-                                                prompt_length=prompt_length)[:, prompt_length:]
-    # up to and including each row's first EOS (after it, generate only pads)
-    is_eos = torch.isin(sampled, torch.tensor(eos))
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), sampled.shape[1])
-    valid = torch.arange(sampled.shape[1]).unsqueeze(0) <= first.unsqueeze(1)
+    sequences, full_mask, prompt_length, scored, sampler, valid = sample_and_score(
+        model, tokenizer, batch, samples=2, new_tokens=12, seed=1)
     assert valid.sum() >= 20
     torch.testing.assert_close(scored[valid], sampler[valid], rtol=0, atol=2e-4)
-    return out.sequences, full_mask, prompt_length, scored, valid
+    return sequences, full_mask, prompt_length, scored, valid
 
 
 def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(smollm2):

@@ -778,78 +778,83 @@ def fail_sampling(monkeypatch, on_call, message):
     failing_call(monkeypatch, "generate_completions", on_call, RuntimeError(message), sampling)
 
 
-def final_weights(run_dir):
-    return load_file(run_dir / "final" / "model.safetensors")
-
-
 def varied(completions, golds, **kwargs):
     """A reward that varies with the text: a random model's groups then have spread, so the weights move."""
     return torch.tensor([float(sum(map(ord, c)) % 2) for c in completions])
 
 
+def whole_and_broken(model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch, steps, break_run):
+    """Train `steps` steps twice with a reward that moves the weights: whole, then with break_run(patch) applied.
+    Returns the two folders and the broken run's exit code and stderr."""
+    monkeypatch.setattr(gh, "compute_reward", varied)
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", str(steps))) == 0
+    with monkeypatch.context() as patch:
+        break_run(patch)
+        code, err = main_err(tiny_args(model_dir, gsm8k_dir, broken, "--max-steps", str(steps)), capsys)
+    return whole, broken, code, err
+
+
+def resume_ends_as_the_whole_run(whole, broken):
+    """--resume finishes the broken run with final weights equal, bit for bit, to the whole run's."""
+    assert gh.main(["--resume", str(broken)]) == 0
+    a, b = (load_file(run / "final" / "model.safetensors") for run in (whole, broken))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    return a
+
+
 def test_a_failure_mid_step_checkpoints_the_last_step_and_resume_ends_bit_identical(model_dir, gsm8k_dir, tmp_path,
                                                                                     capsys, monkeypatch):
-    monkeypatch.setattr(gh, "compute_reward", varied)
-    whole, failed = tmp_path / "whole", tmp_path / "failed"
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "4")) == 0
-    with monkeypatch.context() as patch:
-        fail_sampling(patch, 3, "CUDA error: an illegal memory access")
-        code, err = main_err(tiny_args(model_dir, gsm8k_dir, failed, "--max-steps", "4"), capsys)
+    whole, failed, code, err = whole_and_broken(
+        model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch, 4,
+        lambda patch: fail_sampling(patch, 3, "CUDA error: an illegal memory access"))
     assert code == 2 and err.startswith("error: failed (CUDA error: an illegal memory access) during training; "
                                         "resume with: python") and err.endswith(f" --resume {failed}"), err
     assert [p.name for p in (failed / "checkpoints").iterdir()] == ["step-2"]       # --save-every was 0
-    assert gh.main(["--resume", str(failed)]) == 0
-    a, b = final_weights(whole), final_weights(failed)
-    assert all(torch.equal(a[k], b[k]) for k in a)                 # the random streams as step 2 left them
+    trained = resume_ends_as_the_whole_run(whole, failed)           # the random streams as step 2 left them
     start = load_file(model_dir / "model.safetensors")
-    assert any(not torch.equal(a[k], start[k]) for k in a)         # and the steps did move the weights
+    assert any(not torch.equal(trained[k], start[k]) for k in trained)   # and the steps did move the weights
 
 
-@pytest.mark.parametrize("stop", ["ctrl-c as the last checkpoint is written", "a closed pipe at the end"])
+def ctrl_c_as_the_last_checkpoint_is_written(patch):
+    real_save = gh.save_checkpoint
+    patch.setattr(gh, "save_checkpoint", lambda *a, **k: os.kill(os.getpid(), signal.SIGINT) or real_save(*a, **k))
+
+
+def a_closed_pipe_at_the_end(patch):
+    """stdout a pipe its reader closed (PYTHONUNBUFFERED=1 ... | head)."""
+    import builtins
+    real_print = builtins.print
+
+    def closed_pipe(*args, **kwargs):
+        if args[:1] == ("Training completed!",):
+            raise BrokenPipeError(32, "Broken pipe")
+        return real_print(*args, **kwargs)
+    patch.setattr(builtins, "print", closed_pipe)
+
+
+@pytest.mark.parametrize("stop", [ctrl_c_as_the_last_checkpoint_is_written, a_closed_pipe_at_the_end])
 def test_a_stop_right_after_training_loses_no_step(model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch, stop):
     """--save-every 0: the checkpoint of the last step is written before 'Training completed!' is printed, still
     under the stop-after-this-step protection; a resume then evaluates and ends as the uninterrupted run did."""
-    import builtins
-    monkeypatch.setattr(gh, "compute_reward", varied)
-    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "2")) == 0
-    with monkeypatch.context() as patch:
-        if stop.startswith("ctrl-c"):
-            real_save = gh.save_checkpoint
-            patch.setattr(gh, "save_checkpoint", lambda *a, **k: os.kill(os.getpid(), signal.SIGINT) or
-                          real_save(*a, **k))
-        else:                       # stdout a pipe its reader closed (PYTHONUNBUFFERED=1 ... | head)
-            real_print = builtins.print
-            def closed_pipe(*args, **kwargs):
-                if args[:1] == ("Training completed!",):
-                    raise BrokenPipeError(32, "Broken pipe")
-                return real_print(*args, **kwargs)
-            patch.setattr(builtins, "print", closed_pipe)
-        code, err = main_err(tiny_args(model_dir, gsm8k_dir, stopped, "--max-steps", "2"), capsys)
+    whole, stopped, code, err = whole_and_broken(model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch, 2, stop)
     assert code == 2 and err.endswith(f"--resume {stopped}"), err
     assert [p.name for p in (stopped / "checkpoints").iterdir()] == ["step-2"]
-    assert gh.main(["--resume", str(stopped)]) == 0
+    resume_ends_as_the_whole_run(whole, stopped)
     assert "no checkpoint yet" not in capsys.readouterr().err
     assert [json.loads(x)["step"] for x in (stopped / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    a, b = final_weights(whole), final_weights(stopped)
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_run_restarted_from_step_0_repeats_the_uninterrupted_run(model_dir, gsm8k_dir, tmp_path, capsys,
                                                                    monkeypatch):
     """A failure in step 1 leaves no checkpoint: --resume keeps the evaluation before and trains from step 0. The
     evaluation draws nothing from the random streams the sampler uses, so the two runs end equal."""
-    monkeypatch.setattr(gh, "compute_reward", varied)
-    whole, failed = tmp_path / "whole", tmp_path / "failed"
-    assert gh.main(tiny_args(model_dir, gsm8k_dir, whole, "--max-steps", "2")) == 0
-    with monkeypatch.context() as patch:
-        fail_sampling(patch, 1, "CUDA error: launch failure")
-        code, err = main_err(tiny_args(model_dir, gsm8k_dir, failed, "--max-steps", "2"), capsys)
+    whole, failed, code, err = whole_and_broken(
+        model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch, 2,
+        lambda patch: fail_sampling(patch, 1, "CUDA error: launch failure"))
     assert code == 2 and not (failed / "checkpoints").exists() and (failed / "eval_before.jsonl").exists()
-    assert gh.main(["--resume", str(failed)]) == 0
+    resume_ends_as_the_whole_run(whole, failed)
     assert "no checkpoint yet: training starts at step 0" in capsys.readouterr().err
-    a, b = final_weights(whole), final_weights(failed)
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_evaluation_leaves_the_global_random_stream_where_it_was(model_and_tokenizer, gsm8k_dir):
