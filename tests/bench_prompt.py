@@ -12,6 +12,7 @@ Not collected by pytest; needs GSM8K (../shared/gsm8k or --dataset) and a Qwen2.
     python tests/bench_prompt.py --rescore prompt.json          # the tables again, read by today's reward
     python tests/bench_prompt.py MODEL_DIR --split train --problems 200 --groups 0 --instructions boxed boxed-concise
                                    # the validation problems (--val-size 200) instead of the test set
+    python tests/bench_prompt.py MODEL_DIR --start 200 --problems 400 ...   # test problems 200-599
 Every completion goes to --out (JSON), with each phase's figures as soon as it ends.
 """
 import argparse
@@ -38,7 +39,9 @@ def main() -> None:
     parser.add_argument("--rescore", metavar="JSON", help="print the tables of a saved --out, every completion read "
                         "again by today's extract_answer_from_completion and is_well_formed_gsm8k")
     parser.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared" / "gsm8k"))
-    parser.add_argument("--problems", type=int, default=100, help="problems answered greedily (the split's first)")
+    parser.add_argument("--problems", type=int, default=100, help="problems answered greedily")
+    parser.add_argument("--start", type=int, default=0, help="the position of the first of them in the split "
+                        "(as the pipeline's --eval-start)")
     parser.add_argument("--split", default="test", choices=["test", "train"], help="train: its first --problems, the "
                         "validation set of --val-size")
     parser.add_argument("--instructions", nargs="+", default=["####", "boxed"], choices=list(INSTRUCTIONS))
@@ -62,8 +65,8 @@ def main() -> None:
     chosen = {name: INSTRUCTIONS[name] for name in args.instructions}
     for name, instruction in chosen.items():
         task = dataclasses.replace(gh.TASKS["gsm8k"], instruction=instruction)
-        data = gh.GSM8KDataset(f"{args.split}[:{args.problems}]", tokenizer, dataset_path=args.dataset,
-                               prompt_style="chat", task=task)
+        problems = f"{args.split}[{args.start}:{args.start + args.problems}]"
+        data = gh.GSM8KDataset(problems, tokenizer, dataset_path=args.dataset, prompt_style="chat", task=task)
         t0 = time.perf_counter()
         _, records = gh.evaluate(model, tokenizer, data, cfg, torch.device("cpu"), desc=f"greedy {name}")
         n = len(records)
@@ -119,7 +122,8 @@ def rescored(results: dict) -> dict:
 def print_tables(results: dict) -> None:
     args = argparse.Namespace(**results["settings"])
     split = getattr(args, "split", "test")                    # files written before --split had the test set
-    print(f"{'greedy, ' + str(args.problems) + ' ' + split + ' problems':<34}{'lenient':>9}{'strict':>9}{'format':>9}"
+    first = f" from {args.start}" if getattr(args, "start", 0) else ""      # files written before --start began at 0
+    print(f"{f'greedy, {args.problems} {split} problems{first}':<34}{'lenient':>9}{'strict':>9}{'format':>9}"
           f"{'cut':>7}{'tokens':>8}{'s/problem':>11}")
     for name, r in results["greedy"].items():
         print(f"{name:<34}{r['lenient']:>9.1%}{r['strict']:>9.1%}{r['format_rate']:>9.1%}{r['truncated']:>7.0%}"
