@@ -1,11 +1,11 @@
-"""Figures of the GSM8K run, from its records alone: python analyze.py [RUN_DIR] [CURVES_PNG]
+"""Figures of the GSM8K run, from its records alone: python analyze.py [RUN_DIR] [CURVES_PNG [OTHER_RUN_DIR ...]]
 For each pair of evaluations of the same problems (eval_before/after.jsonl at the training budget and the *_512
 pair at 512 tokens, on test problems 0-199; the *_untouched_256 and *_untouched_512 pairs on test problems
 200-1318, plan.md), the report's row: accuracy (right = the reward's reader; strict = right and in a well-formed
 final line), flips with their two-sided exact sign test and the paired 95% interval of the difference, cut share,
 mean length, right of the finished; the free
 control's row (control-test-256.json) beside the first pair; then the per-step table. With CURVES_PNG, one
-figure of four curves per step: sampled reward, length, cut share, policy_kl."""
+figure of four curves per step: sampled reward, length, cut share, policy_kl; other run folders drawn beside it."""
 import json
 import math
 import sys
@@ -113,33 +113,38 @@ def main(run):
     return metrics
 
 
-def plot_curves(run, metrics, out):
+def plot_curves(folders, out):
+    """Four curves per step for each run folder (the first solid, any other dashed, for a repeat beside it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    summary = json.loads((Path(run) / "summary.json").read_text())
-    steps = [m["step"] for m in metrics]
-    panels = (("reward_mean", "mean reward, all samples drawn (dashed: greedy accuracy)"),
+    panels = (("reward_mean", "mean reward, all samples drawn (lines: greedy accuracy)"),
               ("completion_len_mean", "mean completion length, tokens"),
               ("truncated_frac", "share of samples cut at the token limit"),
               ("policy_kl", "policy_kl: KL(before || after), nats a token"))
     fig, axes = plt.subplots(2, 2, figsize=(10, 6))
-    for ax, (key, title) in zip(axes.flat, panels):
-        ax.plot(steps, [m[key] for m in metrics], "o-")
-        ax.set(title=title, xlabel="step")
+    for n, folder in enumerate(map(Path, folders)):
+        metrics, summary = rows(folder / "metrics.jsonl"), json.loads((folder / "summary.json").read_text())
+        name, style = (folder.resolve().name, "o-" if n == 0 else "s--")
+        steps = [m["step"] for m in metrics]
+        for ax, (key, title) in zip(axes.flat, panels):
+            ax.plot(steps, [m[key] for m in metrics], style, markersize=3, label=name)
+            ax.set(title=title, xlabel="step")
+        for key, color, when in (("accuracy_before", "tab:red", "before"), ("accuracy_after", "tab:green", "after")):
+            if key in summary:
+                axes[0, 0].axhline(summary[key], color=color, linestyle="-" if n == 0 else ":",
+                                   label=f"{name} {when} {summary[key]:.1%}")
+        if any(m["policy_kl"] > 0 for m in metrics):   # a run without signal moved nothing: no log scale then
+            axes[1, 1].set_yscale("log")
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
-    for key, color, when in (("accuracy_before", "tab:red", "before"), ("accuracy_after", "tab:green", "after")):
-        if key in summary:
-            axes[0, 0].axhline(summary[key], color=color, linestyle="--", label=f"{when} {summary[key]:.1%}")
-    axes[0, 0].legend()
-    if any(m["policy_kl"] > 0 for m in metrics):       # a run without signal moved nothing: no log scale then
-        axes[1, 1].set_yscale("log")
+    axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
 
 
 if __name__ == "__main__":
     folder = sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent
-    recorded = main(folder)
+    main(folder)
     if len(sys.argv) > 2:
-        plot_curves(folder, recorded, sys.argv[2])
+        plot_curves([folder] + sys.argv[3:], sys.argv[2])
