@@ -782,10 +782,11 @@ def test_learning_rate_schedule_hand_computed():
 
 
 @pytest.mark.parametrize("gained, lost, p", [(0, 0, 1.0), (7, 7, 1.0), (5, 1, 2 * (1 + 6) / 64),
-                                             (3, 0, 2 / 8), (20, 25, 0.5515), (114, 10, 1.68e-23)])
+                                             (3, 0, 2 / 8), (20, 25, 0.5515), (114, 10, 1.679e-23),
+                                             (155, 68, 5.469e-9)])
 def test_flips_counts_the_paired_changes_and_their_two_sided_sign_test(gained, lost, p):
-    """Hand-computed: 5 / 1 is P(X <= 1) = (1 + 6) / 64, doubled; 3 / 0 is 2 / 2**3; 20 / 25 and 114 / 10 are
-    report.md's run 3 (p = 0.55) and demo (p = 2e-23, 1.68e-23 to three places)."""
+    """Hand-computed: 5 / 1 is P(X <= 1) = (1 + 6) / 64, doubled; 3 / 0 is 2 / 2**3. The larger ones are
+    scipy.stats.binomtest's p-values to four places: 155 / 68 is report.md's headline (test problems 200-1318)."""
     before = [{"correct": False}] * gained + [{"correct": True}] * lost + [{"correct": True}] * 5
     after = [{"correct": True}] * gained + [{"correct": False}] * lost + [{"correct": True}] * 5
     got = gh.flips(before, after)
