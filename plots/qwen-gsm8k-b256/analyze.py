@@ -1,11 +1,12 @@
-"""Figures of the GSM8K run, from its records alone: python analyze.py [RUN_DIR] [CURVES_PNG [OTHER_RUN_DIR ...]]
+"""Figures of the GSM8K run, from its records alone: python analyze.py [RUN_DIR] [CURVES_PNG [RUN[=LABEL] ...]]
 For each pair of evaluations of the same problems (eval_before/after.jsonl at the training budget and the *_512
 pair at 512 tokens, on test problems 0-199; the *_untouched_256 and *_untouched_512 pairs on test problems
 200-1318, plan.md), the report's row: accuracy (right = the reward's reader; strict = right and in a well-formed
 final line), flips with their two-sided exact sign test and the paired 95% interval of the difference, cut share,
 mean length, right of the finished; the free
 control's row (control-test-256.json) beside the first pair; then the per-step table. With CURVES_PNG, one
-figure of four curves per step: sampled reward, length, cut share, policy_kl; other run folders drawn beside it."""
+figure of four curves per step: sampled reward, length, cut share, policy_kl, for each RUN (a folder, named LABEL
+in the legend) in turn; RUN_DIR's records are printed."""
 import json
 import math
 import sys
@@ -113,19 +114,22 @@ def main(run):
     return metrics
 
 
-def plot_curves(folders, out):
-    """Four curves per step for each run folder (the first solid, any other dashed, for a repeat beside it)."""
+def plot_curves(runs, out):
+    """Four curves per step for each 'folder[=label]' (the first solid, any other dashed, for a repeat beside it);
+    the greedy accuracies before and after are those of the run's own evaluation (its summary.json)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = (("reward_mean", "mean reward, all samples drawn (lines: greedy accuracy)"),
+    panels = (("reward_mean", "mean reward of the samples (lines: the run's evaluation)"),
               ("completion_len_mean", "mean completion length, tokens"),
               ("truncated_frac", "share of samples cut at the token limit"),
               ("policy_kl", "policy_kl: KL(before || after), nats a token"))
     fig, axes = plt.subplots(2, 2, figsize=(10, 6))
-    for n, folder in enumerate(map(Path, folders)):
+    for n, run in enumerate(runs):
+        folder, _, name = str(run).partition("=")
+        folder = Path(folder)
         metrics, summary = rows(folder / "metrics.jsonl"), json.loads((folder / "summary.json").read_text())
-        name, style = (folder.resolve().name, "o-" if n == 0 else "s--")
+        name, style = name or folder.resolve().name, "o-" if n == 0 else "s--"
         steps = [m["step"] for m in metrics]
         for ax, (key, title) in zip(axes.flat, panels):
             ax.plot(steps, [m[key] for m in metrics], style, markersize=3, label=name)
@@ -133,7 +137,7 @@ def plot_curves(folders, out):
         for key, color, when in (("accuracy_before", "tab:red", "before"), ("accuracy_after", "tab:green", "after")):
             if key in summary:
                 axes[0, 0].axhline(summary[key], color=color, linestyle="-" if n == 0 else ":",
-                                   label=f"{name} {when} {summary[key]:.1%}")
+                                   label=f"{name}, greedy {when}: {summary[key]:.1%}")
         if any(m["policy_kl"] > 0 for m in metrics):   # a run without signal moved nothing: no log scale then
             axes[1, 1].set_yscale("log")
     for ax in axes.flat:
@@ -147,4 +151,4 @@ if __name__ == "__main__":
     folder = sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent
     main(folder)
     if len(sys.argv) > 2:
-        plot_curves([folder] + sys.argv[3:], sys.argv[2])
+        plot_curves(sys.argv[3:] or [folder], sys.argv[2])
