@@ -11,8 +11,8 @@ GSM8K=/work/shared/gsm8k
 mkdir -p $WORK && cd $WORK
 [ -f grpo_homework.py ] || { git -C /work/main rev-parse HEAD > code-commit.txt
   git -C /work/main show HEAD:grpo_homework.py > grpo_homework.py; }
-[ -f scorer.txt ] || /usr/bin/time -v python /work/main/tests/bench_scorer.py $MODEL --dataset $GSM8K \
-  > scorer.txt 2>&1
+[ -f scorer.txt ] || { /usr/bin/time -v python /work/main/tests/bench_scorer.py $MODEL --dataset $GSM8K \
+  > scorer.partial 2>&1 && mv scorer.partial scorer.txt; } || exit 1     # a stopped measurement is redone whole
 COMMON="--dataset $GSM8K --device cpu --dtype bfloat16 --val-size 200 --eval-split validation --eval-size 100
   --eval-batch-size 50 --batch-size 4 --group-size 8 --max-draws 2 --temperature 0.7 --lr-warmup-steps 0
   --max-steps 4 --generation-batch-size 32 --micro-batch-size 4 --lora-rank 16 --lora-alpha 32
