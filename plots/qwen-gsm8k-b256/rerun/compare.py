@@ -1,7 +1,6 @@
 """#64 item 3, figure for figure: the re-run's records (this folder) against the first run's (..), timings aside.
 python compare.py prints, per step, each figure of both runs side by side and whether they are equal, then how many
 steps agree on each figure, then both evaluations (before and after, test problems 0-199, greedy)."""
-import json
 import sys
 from pathlib import Path
 
