@@ -57,11 +57,12 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def build_model(layers: int, device: torch.device, hidden: int = QWEN25_15B["hidden_size"]):
-    """Qwen2.5-1.5B's shape at `layers` deep; a smaller `hidden` (the FFN scaled alike) only for a smoke test."""
+def build_model(layers: int, device: torch.device, hidden: int = QWEN25_15B["hidden_size"], fp32: bool = False):
+    """Qwen2.5-1.5B's shape at `layers` deep; a smaller `hidden` (the FFN scaled alike) only for a smoke test.
+    fp32: float32 weights on a GPU too (what --dtype auto gives a T4 or V100, which lack bf16)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32      # the CLI's --dtype auto
+    dtype = torch.bfloat16 if device.type == "cuda" and not fp32 else torch.float32   # the CLI's --dtype auto
     shape = {**QWEN25_15B, "num_hidden_layers": layers, "hidden_size": hidden,
              "intermediate_size": QWEN25_15B["intermediate_size"] * hidden // QWEN25_15B["hidden_size"]}
     model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(device, dtype)
@@ -87,8 +88,10 @@ def synthetic_batch(cfg, prompt_tokens: int, device) -> dict:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device) -> dict:
-    """Rollout + update per step, as train_grpo runs them, with random rewards so every group has signal."""
+def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device, first_tokens: int = 0) -> dict:
+    """Rollout + update per step, as train_grpo runs them, with random rewards so every group has signal.
+    first_tokens: the untimed first step generates only this many (its optimizer step allocates the moments, so
+    the second step's peak is a run's, at a fraction of a long first generation's seconds)."""
     tokenizer = SyntheticTokenizer()
     optimizer = gh.build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -101,7 +104,8 @@ def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device
         sync(device)
         t0 = time.perf_counter()
         sample = gh.generate_completions(model, tokenizer, batch["input_ids"], batch["attention_mask"],
-                                         cfg.max_new_tokens, cfg.temperature, cfg.group_size,
+                                         first_tokens if first_tokens and not step else cfg.max_new_tokens,
+                                         cfg.temperature, cfg.group_size,
                                          batch_size=cfg.generation_batch_size)
         sync(device)
         t1 = time.perf_counter()
@@ -114,7 +118,8 @@ def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device
         sync(device)
         t2 = time.perf_counter()
         peak = f", peak allocated {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else ""
-        print(f"  step {step}: generation {t1 - t0:.1f} s, update {t2 - t1:.1f} s{peak}", flush=True)
+        print(f"  step {step}: {int(sample['completion_lengths'].max())} new tokens, generation {t1 - t0:.1f} s, "
+              f"update {t2 - t1:.1f} s{peak}", flush=True)
         if step:                    # the first step pays for allocator warm-up and kernel selection
             gen_s, update_s = gen_s + t1 - t0, update_s + t2 - t1
             new_tokens += int(sample["completion_lengths"].sum())
@@ -219,6 +224,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per config; the first is not timed")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="GSM8K's chat prompts are about 100 tokens")
     parser.add_argument("--skip-compile", action="store_true", help="leave out the four-way generation comparison")
+    parser.add_argument("--fp32", action="store_true", help="float32 weights on a GPU too: a T4's or V100's rows")
+    parser.add_argument("--first-step-tokens", type=int, default=0,
+                        help="new tokens of the untimed first step (0 = --max-new-tokens): a cheaper warm-up")
     sizes = ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size", "lora_rank")
     for name in sizes:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(gh.Config, name))
@@ -226,7 +234,7 @@ def main(argv=None):
     device = torch.device(args.device)
     cfg = gh.Config(**{k: getattr(args, k) for k in sizes})
     gh.validate_config(cfg)
-    model = build_model(args.layers, device, args.hidden_size)
+    model = build_model(args.layers, device, args.hidden_size, args.fp32)
     if cfg.lora_rank:                         # the CLI's --lora-rank: peft adapters (fp32) on the bf16 body
         model = gh.with_lora(model, cfg, None)
     if device.type == "cuda":
@@ -241,7 +249,7 @@ def main(argv=None):
           f"{cfg.group_size} samples x {cfg.max_new_tokens} new tokens, "
           f"prompt {args.prompt_tokens} tokens, micro-batch {cfg.micro_batch_size}, generation batch "
           f"{cfg.generation_batch_size}")
-    r = training_steps(model, cfg, args.steps, args.prompt_tokens, device)
+    r = training_steps(model, cfg, args.steps, args.prompt_tokens, device, args.first_step_tokens)
     bound_ms = 1e3 * weight_bytes / bandwidth
     memory = (f"peak allocated {r['peak_alloc_gb']:.1f} GiB, reserved {r['peak_reserved_gb']:.1f} GiB"
               if "peak_alloc_gb" in r else "peak GPU memory n/a on CPU")
