@@ -169,7 +169,9 @@ def test_smollm2_learns_the_arithmetic_task_under_lora(smollm2, tmp_path):
     12.5% -> 87.5%; 240 s (the run's wall_seconds). Seed 0 is every recorded SmolLM2 run's; seed 1 here reaches
     sampled reward 0.40 by step 6 but greedy 12.5% still: a threshold of one seed, not of every seed. With 4 prompts
     a step (this test until 2026-11-26; the seq-mean loss then gives one lucky group twice the weight) seed 0 on
-    today's random stream ended at 0% greedy, every answer '#### 2', and seed 1's reward fell to 0 after a step."""
+    today's random stream ended at 0% greedy, every answer '#### 2', and seed 1's reward fell to 0 after a step.
+    fp32 on purpose: in bf16 (tried alone for speed on 2026-11-26: 191 s) seed 0 stayed at 6.25% greedy, its sampled
+    reward 0.006 -> 0.253 (/tmp trial, not kept)."""
     pytest.importorskip("peft")
     out = tmp_path / "run"
     assert gh.main([str(SMOLLM2), "--task", "arithmetic", "--device", "cpu", "--batch-size", "8", "--group-size", "8",
