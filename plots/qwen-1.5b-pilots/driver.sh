@@ -46,6 +46,7 @@ run b384-lora-lr2e-4 --max-new-tokens 384 --learning-rate 2e-4 || exit 1
 at512 b384-lora-lr2e-4
 control 512
 control 384
+at512 b512-lora-lr2e-4     # added 2026-11-26 18:55: its merged final/ in bf16 against its own evaluation (adapters)
 [ "${WITH_256:-0}" = 1 ] || exit 0          # notes.md: the 256 pilot runs only if 384 and 512 both fail its test
 run b256-lora-lr2e-4 --max-new-tokens 256 --learning-rate 2e-4 || exit 1
 at512 b256-lora-lr2e-4
