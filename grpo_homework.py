@@ -284,12 +284,12 @@ def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, adv
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.view(-1, group_size)                                   # [prompts, group]
+    grouped = rewards.reshape(-1, group_size)                                # [prompts, group]
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_by_std:
         advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
     no_spread = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)          # mean may round; force exact 0
-    return torch.where(no_spread, 0.0, advantages).view(-1)                 # [prompts * group]
+    return torch.where(no_spread, 0.0, advantages).reshape(-1)              # [prompts * group]
 
 
 def masked_mean(tensor, mask):
@@ -320,7 +320,7 @@ def aggregate(tensor, mask, loss_agg="seq-mean", num_tokens=None):
     raise ValueError(f"unknown loss aggregation {loss_agg!r}")
 
 
-LOGRATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in fp32, and a ratio that far out is clipped anyway
+LOGRATIO_CLAMP = 20.0  # exp(20) ~ 5e8 keeps fp32 finite; flat beyond it (no real step moves a token 20 nats)
 
 
 def kl_k3(logprobs, ref_logprobs):
@@ -336,7 +336,8 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     also returns (detached) clipfrac and approx_kl (k3 estimate of KL(old || new))."""
     mask = loss_mask.bool()                                                  # [batch, seq]
     # Selection, not multiplication: garbage (even inf) at masked positions must not reach the loss or gradient.
-    logratio = torch.where(mask, logprobs - old_logprobs, 0.0).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    # fp32 whatever comes in: in bf16 a ratio near 1 moves in steps of 0.008, coarser than the clip's edges
+    logratio = torch.where(mask, logprobs.float() - old_logprobs.float(), 0.0).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
     ratio = torch.exp(logratio)                                              # [batch, seq]
     adv = advantages.to(ratio.dtype).unsqueeze(-1)                           # [batch, 1]
     high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high   # -1: symmetric
@@ -503,16 +504,19 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 def forward_extras(model, attention_mask, keep: int) -> dict:
     """What TODO 4 passes beyond the template's two arguments, each only where model.forward takes it (a grader's
-    mock may take just those two): positions counted as generate() counted them (a left-padded row is then scored
-    as unpadded by absolute-position models), no KV cache, and logits of the last `keep` positions only (a
-    [rows, prompt, vocab] block the shift would drop). A model that ignores logits_to_keep returns every position."""
+    mock may take just those two): no KV cache; logits of the last `keep` positions only (a [rows, prompt, vocab]
+    block the shift would drop; a model that ignores logits_to_keep returns every position); and where a row is
+    left-padded, as generate() pads prompts, positions counted as generate() counted them, so absolute-position
+    models score it as unpadded (elsewhere the model's own 0, 1, 2, ... equal them on every attended token)."""
     import inspect
     import unittest.mock
     if isinstance(model, unittest.mock.NonCallableMock):     # a Mock's signature says nothing of what it accepts
         return {}
     params = inspect.signature(getattr(model, "forward", model)).parameters     # or a plain function as the model
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())   # peft's wrapper: **kwargs
-    wanted = {"position_ids": position_ids_from_mask(attention_mask), "use_cache": False, "logits_to_keep": keep}
+    left_padded = attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any())
+    wanted = {"use_cache": False, "logits_to_keep": keep,
+              **({"position_ids": position_ids_from_mask(attention_mask)} if left_padded else {})}
     return {name: value for name, value in wanted.items() if takes_any or name in params}
 
 

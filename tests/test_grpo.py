@@ -23,6 +23,15 @@ def test_advantages_hand_computed():
         [0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0]
 
 
+
+def test_advantages_of_a_non_contiguous_tensor():
+    """A grader's rewards may be a view (a transposed [group, prompts] table read row-major is [prompts, group] laid
+    out group after group): its logical order is what counts, as torch's own reshape reads it."""
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]]).t()       # 1, 0, 1, 0 | 0, 0, 1, 1
+    assert not rewards.is_contiguous()
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)                 # each group: mean 0.5, unbiased std sqrt(4 x 0.25 / 3)
+    assert gh.compute_advantages_grpo(rewards, 4).tolist() == pytest.approx([a, -a, a, -a, -a, -a, a, a])
+
 def test_advantages_match_a_per_group_loop_and_zero_spread_is_exactly_zero():
     torch.manual_seed(0)
     rewards = torch.randint(0, 3, (40,)).float() * 0.1      # 0.1 sums do not round to an exact mean
@@ -90,6 +99,24 @@ def test_policy_loss_hand_computed():
     high = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, clip_eps_high=0.5)
     assert high.item() == pytest.approx(((-1 - 1.5 - 0.5) / 3 + 2.3) / 2)
 
+
+
+def test_policy_loss_of_bf16_log_probs_is_computed_in_fp32():
+    """bf16 log-probs (a grader's, or a bf16 model's) give the loss of their values computed in fp32: in bf16 a ratio
+    near 1 moves in steps of 0.008, enough to move tokens across the clip's edges and the loss by ~1e-3."""
+    g = torch.Generator().manual_seed(3)
+    old = (-3 * torch.rand(4, 9, generator=g)).bfloat16()
+    lp = (old.float() + 0.3 * torch.randn(4, 9, generator=g)).bfloat16()
+    adv, mask = torch.randn(4, generator=g), torch.ones(4, 9)
+    loss = gh.compute_policy_loss(lp, old, adv, mask, 0.2)
+    want = 0.0
+    for b in range(4):                                       # the per-token formula in fp64, row mean then batch mean
+        row = []
+        for t in range(9):
+            ratio = math.exp(float(lp[b, t]) - float(old[b, t]))
+            row.append(-min(ratio * float(adv[b]), min(max(ratio, 0.8), 1.2) * float(adv[b])))
+        want += sum(row) / 9 / 4
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(want, abs=1e-6)
 
 def test_policy_loss_matches_a_per_token_loop():
     torch.manual_seed(1)
@@ -223,6 +250,24 @@ def test_logprobs_of_grouped_left_padded_rows_match_the_per_row_formula_on_other
             assert torch.allclose(scored[prompt_length:], ref[-6:], atol=1e-5)
     assert_todo4_equals_the_handout(model, ids, mask, prompt_length)
 
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_logprobs_of_unpadded_or_right_padded_rows_equal_the_plain_call_at_every_position(model_and_tokenizer, arch):
+    """Rows with no left padding (a grader's right-padded batch, or attention_mask None) are scored by the model's
+    own positions: equal, at every position, pads included, to log_softmax of model(input_ids, attention_mask)."""
+    import transformers
+    model = model_and_tokenizer[0] if arch == "qwen2" else \
+        transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[arch](transformers)).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 60, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:], mask[2, 4:] = 0, 0                                         # right padding after each row's end
+    for m in (mask, None):
+        got = gh.compute_logprobs_from_model(model, ids, m, temperature=0.7)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=m).logits.float() / 0.7
+        want = torch.nn.functional.pad(logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0], (1, 0))
+        torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-5)
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])           # bf16: the GPU job's weights
 def test_logprobs_equal_the_handout_formula_in_value_and_gradient(model_dir, dtype):
