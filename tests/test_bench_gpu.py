@@ -22,4 +22,3 @@ def test_gpu_bench_runs_every_phase_and_generation_mode_at_reduced_depth_and_wid
     assert "vs bandwidth bound" in out
     assert "static cache + compile" in out and "continuous batching" in out and "identical tokens: True" in out
     assert "its log-probs vs the pipeline's" in out and "agree within 2e-04: True" in out
-

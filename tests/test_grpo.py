@@ -23,7 +23,6 @@ def test_advantages_hand_computed():
         [0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0]
 
 
-
 def test_advantages_of_a_non_contiguous_tensor():
     """A grader's rewards may be a view (a transposed [group, prompts] table read row-major is [prompts, group] laid
     out group after group): its logical order is what counts, as torch's own reshape reads it."""
@@ -31,6 +30,7 @@ def test_advantages_of_a_non_contiguous_tensor():
     assert not rewards.is_contiguous()
     a = 0.5 / (math.sqrt(1 / 3) + 1e-4)                 # each group: mean 0.5, unbiased std sqrt(4 x 0.25 / 3)
     assert gh.compute_advantages_grpo(rewards, 4).tolist() == pytest.approx([a, -a, a, -a, -a, -a, a, a])
+
 
 def test_advantages_match_a_per_group_loop_and_zero_spread_is_exactly_zero():
     torch.manual_seed(0)
@@ -100,7 +100,6 @@ def test_policy_loss_hand_computed():
     assert high.item() == pytest.approx(((-1 - 1.5 - 0.5) / 3 + 2.3) / 2)
 
 
-
 def test_policy_loss_of_bf16_log_probs_is_computed_in_fp32():
     """bf16 log-probs (a grader's, or a bf16 model's) give the loss of their values computed in fp32: in bf16 a ratio
     near 1 moves in steps of 0.008, enough to move tokens across the clip's edges and the loss by ~1e-3."""
@@ -109,29 +108,31 @@ def test_policy_loss_of_bf16_log_probs_is_computed_in_fp32():
     lp = (old.float() + 0.3 * torch.randn(4, 9, generator=g)).bfloat16()
     adv, mask = torch.randn(4, generator=g), torch.ones(4, 9)
     loss = gh.compute_policy_loss(lp, old, adv, mask, 0.2)
-    want = 0.0
-    for b in range(4):                                       # the per-token formula in fp64, row mean then batch mean
-        row = []
-        for t in range(9):
-            ratio = math.exp(float(lp[b, t]) - float(old[b, t]))
-            row.append(-min(ratio * float(adv[b]), min(max(ratio, 0.8), 1.2) * float(adv[b])))
-        want += sum(row) / 9 / 4
-    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(want, abs=1e-6)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(per_token_loop_loss(lp, old, adv, mask), abs=1e-6)
+
+
+def per_token_loop_loss(lp, old, adv, mask):
+    """The clipped surrogate token by token in Python floats (fp64), eps 0.2: each row's masked mean, then the
+    mean of the rows."""
+    rows = []
+    for b in range(lp.shape[0]):
+        terms = []
+        for t in range(lp.shape[1]):
+            if mask[b, t]:
+                r = math.exp(float(lp[b, t]) - float(old[b, t]))
+                terms.append(-min(r * float(adv[b]), min(max(r, 0.8), 1.2) * float(adv[b])))
+        rows.append(sum(terms) / len(terms))
+    return sum(rows) / len(rows)
+
 
 def test_policy_loss_matches_a_per_token_loop():
     torch.manual_seed(1)
     lp, old = torch.randn(5, 7) * 0.3 - 2, torch.randn(5, 7) * 0.3 - 2
     adv, mask = torch.randn(5), (torch.rand(5, 7) > 0.3).long()
     mask[:, 0] = 1
-    rows = []
-    for b in range(5):
-        terms = []
-        for t in range(7):
-            if mask[b, t]:
-                r = math.exp(lp[b, t] - old[b, t])
-                terms.append(-min(r * adv[b].item(), min(max(r, 0.8), 1.2) * adv[b].item()))
-        rows.append(sum(terms) / len(terms))
-    assert gh.compute_policy_loss(lp, old, adv, mask).item() == pytest.approx(sum(rows) / 5, rel=1e-5)
+    assert gh.compute_policy_loss(lp, old, adv, mask).item() == pytest.approx(per_token_loop_loss(lp, old, adv, mask),
+                                                                              rel=1e-5)
 
 
 def test_masked_garbage_cannot_leak_into_loss_or_gradient():
