@@ -111,7 +111,7 @@ class Config:
                           choices=["seq-mean", "token-mean", "drgrpo"])
     clip_eps: float = _flag(0.2, "PPO clip range below 1 (and above, unless --clip-eps-high)")
     clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); -1 = --clip-eps")
-    kl_coef: float = _flag(0.0, "weight of the k3 KL to a frozen copy of the starting model (0 = no reference)")
+    kl_coef: float = _flag(0.0, "weight of the k3 KL to the starting model (0 = no reference)")
     ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
@@ -568,7 +568,9 @@ def grpo_update(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None)
     rows_all, tokens_all = len(rollout.loss_mask), rollout.loss_mask.sum().item()
     rollout = rows_with_signal(rollout, cfg)
     old = rollout_logprobs(model, rollout, cfg) if cfg.ppo_epochs > 1 else None
-    ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(ref_model, rollout, cfg)
+    # The KL reference: a frozen copy of the starting model, or under LoRA the model itself with its adapters off
+    with ref_model.peft_model.disable_adapter() if hasattr(ref_model, "peft_model") else contextlib.nullcontext():
+        ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(ref_model, rollout, cfg)
     chunks = list(micro_batches(rollout, cfg.micro_batch_size))          # none when no row has signal
     # Each micro-batch's loss is scaled so that the accumulated gradient is the full batch's: by its share of the
     # rows, or under token-mean its share of the tokens
@@ -650,7 +652,7 @@ class TrainingInterrupted(Exception):
 @dataclass(kw_only=True)
 class LoopExtras:
     """What a full run hands train_grpo beyond the template's arguments; the defaults give the plain loop."""
-    ref_model: Any = None               # frozen starting model for the KL penalty (--kl-coef)
+    ref_model: Any = None               # the starting model for the KL penalty (--kl-coef); LoRA: the model
     scheduler: Any = None               # learning-rate schedule, stepped once per step
     start: dict = field(default_factory=lambda: {"step": 0, "epoch": 0, "batch_in_epoch": 0})   # resume here
     on_step: Callable[[dict], None] | None = None   # called with each step's record: logging, checkpoints
@@ -903,8 +905,9 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
                                                     cfg.model_path), device, cfg.dtype)
     if cfg.lora_rank:
         model = with_lora(model, cfg, checkpoint)
-    ref_model = load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False) \
-        if cfg.kl_coef > 0 else None            # the KL penalty's frozen copy of the starting model
+    # The KL penalty's reference, the starting model: under LoRA the model itself with its adapters off, else a copy
+    ref_model = None if cfg.kl_coef <= 0 else model if cfg.lora_rank else \
+        load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False)
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
     model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
@@ -2027,7 +2030,7 @@ def optimizer_step(model, optimizer) -> None:
         raise UserError(f"out of memory in the optimizer step: weights {gib(model.parameters()):.1f} GiB + gradients "
                         f"{gib(trained):.1f} GiB + AdamW moments {gib(trained, 8):.1f} GiB (fp32) do not fit beside "
                         f"the rest. Smaller batches do not help here; {lora}--dtype bfloat16 if the weights are "
-                        f"float32, no --kl-coef (its reference model) or a smaller model would. "
+                        f"float32, {'no --kl-coef (its reference copy), ' if lora else ''}or a smaller model would. "
                         f"This step was not applied and no checkpoint was written after it") from None
 
 

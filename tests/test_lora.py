@@ -141,6 +141,35 @@ def test_lora_in_bf16_final_is_the_model_that_was_trained_and_scored(warm_model_
     assert difference <= 0.01 * change, (difference, change)
 
 
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")    # peft's own, when it loads
+def test_under_lora_the_kl_reference_is_the_model_with_its_adapters_off(model_dir, gsm8k_dir, tmp_path,
+                                                                        monkeypatch):
+    """--kl-coef under LoRA loads no copy of the starting model (2.9 GiB at 1.5B): the reference is the model itself
+    with its adapters switched off, so the KL equals the one to a separately loaded starting model; the adapted
+    model against itself would give 0. The adapters are on again after it."""
+    from test_grpo import _rollout_of
+    cpu, cfg = torch.device("cpu"), gh.Config(lora_rank=4, lora_alpha=8, group_size=4, max_new_tokens=6,
+                                              kl_coef=0.1, max_grad_norm=1e9)
+    starting, tok = gh.load_model_and_tokenizer(str(model_dir), cpu, "float32")
+    model = gh.with_lora(gh.load_model_and_tokenizer(str(model_dir), cpu, "float32")[0], cfg, None)
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:                 # peft starts B at 0 (adapters that change nothing): move them
+            p.data.normal_(0, 0.5)
+    rollout = _rollout_of(model, tok, cfg, ["1 + 2 =", "3 + 4 ="])
+    frozen = lambda: torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    own = gh.grpo_update(model, frozen(), rollout, cfg, ref_model=model)["kl_ref"]
+    copy = gh.grpo_update(model, frozen(), rollout, cfg, ref_model=starting)["kl_ref"]
+    assert own > 1e-4 and own == pytest.approx(copy, rel=1e-5), (own, copy)
+    lp = lambda m: gh.compute_logprobs_from_model(m, rollout.output_ids, rollout.attention_mask)
+    assert not torch.allclose(lp(model), lp(starting), atol=1e-3)                    # the adapters are back on
+    loads, real = [], gh.load_model_and_tokenizer
+    monkeypatch.setattr(gh, "load_model_and_tokenizer", lambda path, *a: loads.append(path) or real(path, *a))
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, tmp_path / "run", "--max-steps", "1", "--kl-coef", "0.1",
+                             *LORA)) == 0
+    assert len(loads) == 1, loads                                                    # the policy only
+
+
 def test_lora_targets_with_spaces_adapt_every_layer_named(model_dir, gsm8k_dir, tmp_path):
     out = tmp_path / "run"
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1", "--save-every", "1", *LORA,
