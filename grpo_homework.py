@@ -280,10 +280,16 @@ def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, stri
 
 # ===== Part 3: GRPO algorithm (pure tensor functions) ==============================================================
 
+def at_least_fp32(values) -> torch.Tensor:
+    """As floats of fp32 or wider: bf16 steps a ratio near 1 by 0.008, coarser than the clip's edges; fp64 stays."""
+    values = torch.as_tensor(values)
+    return values.to(torch.promote_types(values.dtype, torch.float32))
+
+
 # ----- TODO 2: group-relative advantages -----
 def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, advantage_eps=1e-4):
     """Rewards laid out group after group -> advantages of the same layout; equal-reward groups get exactly 0."""
-    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    rewards = at_least_fp32(rewards)
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     grouped = rewards.reshape(-1, group_size)                                # [prompts, group]
@@ -326,8 +332,8 @@ LOGRATIO_CLAMP = 20.0  # exp(20) ~ 5e8 keeps fp32 finite; flat beyond it (no rea
 
 
 def kl_k3(logprobs, ref_logprobs):
-    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0, in fp32."""
-    logratio = (ref_logprobs.float() - logprobs.float()).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0, in fp32 or wider."""
+    logratio = (at_least_fp32(ref_logprobs) - at_least_fp32(logprobs)).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
     return torch.exp(logratio) - logratio - 1.0
 
 
@@ -337,11 +343,12 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per token, reduced by `loss_agg`. With return_stats,
     also returns (detached) clipfrac and approx_kl (k3 estimate of KL(old || new))."""
     mask = loss_mask.bool()                                                  # [batch, seq]
-    # Selection, not multiplication: garbage (even inf) at masked positions must not reach the loss or gradient.
-    # fp32 whatever comes in: in bf16 a ratio near 1 moves in steps of 0.008, coarser than the clip's edges
-    logratio = torch.where(mask, logprobs.float() - old_logprobs.float(), 0.0).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    # Selection, not multiplication: garbage (even inf) at masked positions must not reach the loss or gradient
+    logratio = torch.where(mask, at_least_fp32(logprobs) - at_least_fp32(old_logprobs), 0.0)
+    logratio = logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)               # [batch, seq]
     ratio = torch.exp(logratio)                                              # [batch, seq]
-    adv = advantages.to(ratio.dtype).unsqueeze(-1)                           # [batch, 1]
+    adv = torch.as_tensor(advantages).to(ratio)                              # [batch] or [batch, 1]: one per row
+    adv = adv.reshape(-1, 1) if adv.numel() == len(ratio) else adv           # [batch, 1]; per token: [batch, seq]
     high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high   # -1: symmetric
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv
@@ -496,7 +503,7 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    **forward_extras(model, attention_mask, keep)).logits[:, -keep:]    # [batch, keep, vocab]
     # 2. Shift: position t - 1 predicts token t
-    logits, targets = logits[:, :-1].float() / temperature, input_ids[:, start:]   # [batch, seq - start, vocab]
+    logits, targets = at_least_fp32(logits[:, :-1]) / temperature, input_ids[:, start:]  # [batch, seq - start, vocab]
     # 3. Log-softmax in fp32, then the sampled token's entry; 0 before `start`
     logprobs = F.pad(logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1), (start, 0))  # [batch, seq]
     if with_entropy:                                                                # metrics: no gradient
@@ -510,16 +517,9 @@ def forward_extras(model, attention_mask, keep: int) -> dict:
     block the shift would drop; a model that ignores logits_to_keep returns every position); and where a row is
     left-padded, as generate() pads prompts, positions counted as generate() counted them, so absolute-position
     models score it as unpadded (elsewhere the model's own 0, 1, 2, ... equal them on every attended token)."""
-    import inspect
-    import unittest.mock
-    if isinstance(model, unittest.mock.NonCallableMock):     # a Mock's signature says nothing of what it accepts
-        return {}
-    params = inspect.signature(getattr(model, "forward", model)).parameters     # or a plain function as the model
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())   # peft's wrapper: **kwargs
     left_padded = attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any())
-    wanted = {"use_cache": False, "logits_to_keep": keep,
-              **({"position_ids": position_ids_from_mask(attention_mask)} if left_padded else {})}
-    return {name: value for name, value in wanted.items() if takes_any or name in params}
+    return accepted(getattr(model, "forward", model), use_cache=False, logits_to_keep=keep,    # or a plain function
+                    **({"position_ids": position_ids_from_mask(attention_mask)} if left_padded else {}))
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -683,11 +683,12 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
         # collate_prompts' "answers" list, or the "answer" tensor of torch's default_collate (a grader's own loader)
         answers = batch["answers"] if "answers" in batch else batch["answer"]
         golds = [float(gold) for gold in answers for _ in range(group_size)]         # one per completion
-        rewards = compute_reward(sample["completions"], golds, format_reward=cfg.format_reward,
-                                 strict_answer=cfg.strict_answer)
+        # (options only where the function takes them: a grader's stub with the template's signature is called so)
+        rewards = compute_reward(sample["completions"], golds, **accepted(
+            compute_reward, format_reward=cfg.format_reward, strict_answer=cfg.strict_answer))
         # 3. Advantages: each reward relative to the other completions of the same prompt.
-        advantages = compute_advantages_grpo(rewards, group_size, normalize_by_std=cfg.advantage == "grpo",
-                                             advantage_eps=cfg.advantage_eps)
+        advantages = compute_advantages_grpo(rewards, group_size, **accepted(
+            compute_advantages_grpo, normalize_by_std=cfg.advantage == "grpo", advantage_eps=cfg.advantage_eps))
         return rollout_from(sample, rewards, advantages, cfg.mask_truncated)
 
     with progress_bar(cfg, train_loader, extras.start["step"]) as bar:
@@ -1104,20 +1105,13 @@ def saved_config(run_dir: Path) -> Config:
     recorded = recorded_config(run_dir)         # unreadable JSON: 'damaged?' in one line
     if not is_run_dir(run_dir):
         raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
-    gone = {"parallel": "ddp", "check_replicas": False}      # flags of earlier versions, at what one process ran
-    saved = {"min_signal_groups": 0,         # recorded before 2026-11-24: a step per batch
-             **{k: v for k, v in recorded.items() if not (k in gone and v == gone[k])
-                and k != "logprob_chunk_size"}}  # before 2026-11-26: any value computed the same log-probs
-    if unknown := sorted(set(saved) - set(Config.__dataclass_fields__)):
+    if unknown := sorted(set(recorded) - set(Config.__dataclass_fields__)):
         raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
     for f in dataclasses.fields(Config):
-        value = saved.get(f.name, f.default)
+        value = recorded.get(f.name, f.default)
         if not (type(value) is type(f.default) or (type(f.default) is float and type(value) is int)):
             raise UserError(f"{run_dir / 'config.json'}: {f.name} = {value!r} is not a {type(f.default).__name__}")
-    if "eval_only" not in recorded and 0 < saved["min_signal_groups"] < saved.get("batch_size", Config.batch_size):
-        raise UserError(f"{run_dir} trained on exactly --min-signal-groups {saved['min_signal_groups']} groups a step, "
-                        f"as versions before 2026-11-25 did (now a floor): this version cannot continue it alike")
-    return Config(**saved)
+    return Config(**recorded)
 
 
 def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
@@ -1341,9 +1335,6 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
     if checkpoint:
         state = load_trainer_state(checkpoint)
-        if len(state["rng"]) != 1:
-            raise UserError(f"{checkpoint} was written by {len(state['rng'])} processes (torchrun, which this version "
-                            f"does not run): its data and samples cannot continue in one process")
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"][0], run.optimizer)
@@ -2105,6 +2096,18 @@ def with_lora(model, cfg: Config, checkpoint: Path | None):
     model = wrapper.get_base_model()
     model.__dict__["peft_model"] = wrapper      # a plain attribute: not a submodule, so state_dict() stays the model's
     return model
+
+
+def accepted(fn, **options) -> dict:
+    """The options fn's signature takes (all of them where it takes **kwargs, as peft's wrapper does): a grader's
+    stand-in with the template's signature (a model, a reward stub) is called as the template calls it."""
+    import inspect
+    import unittest.mock
+    if isinstance(fn, unittest.mock.NonCallableMock):     # a Mock's signature says nothing of what it accepts
+        return {}
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return {name: value for name, value in options.items() if takes_any or name in params}
 
 
 # ----- Data and generated tasks: loading hub-layout folders, and word problems -----

@@ -147,6 +147,26 @@ def test_train_grpo_reads_the_gold_from_a_default_collated_answer_key(model_and_
     assert seen[-1].rewards.tolist() == [1.0, 0.0]
 
 
+def test_train_grpo_calls_a_graders_stubs_with_the_templates_arguments(model_and_tokenizer, monkeypatch):
+    """A grader may give the loop signal with a reward stub of the template's two arguments, or wrap the advantages
+    in one of its signature: train_grpo calls each as the template does, samples for real and updates the model."""
+    model, tokenizer = model_and_tokenizer
+    calls = []
+    monkeypatch.setattr(gh, "compute_reward", lambda completions, ground_truth_answers: calls.append("reward") or
+                        torch.tensor([float(i % 2) for i in range(len(completions))]))
+    real = gh.compute_advantages_grpo
+    monkeypatch.setattr(gh, "compute_advantages_grpo", lambda rewards, group_size=4: calls.append("advantages") or
+                        real(rewards, group_size))
+    batch = gh.collate_prompts([{"input_ids": torch.tensor(tokenizer(q)["input_ids"]), "prompt": q, "question": q,
+                                 "attention_mask": torch.ones(len(tokenizer(q)["input_ids"]), dtype=torch.long),
+                                 "answer": 3.0} for q in ("1 + 2 =", "2 + 1 =")], tokenizer)
+    start = [p.detach().clone() for p in model.parameters()]
+    history = gh.train_grpo(model, tokenizer, [batch], torch.optim.SGD(model.parameters(), lr=0.1), "cpu", 1, 4,
+                            0.2, 6)
+    assert calls == ["reward", "advantages"] and len(history) == 1 and not history[0]["no_signal"]
+    assert any(not torch.equal(p, s) for p, s in zip(model.parameters(), start))
+
+
 # ----- dataset and collate -----
 
 def test_dataset_tokenizes_the_template_prompt(gsm8k_dir, tokenizer):

@@ -373,19 +373,8 @@ def test_damaged_or_foreign_inputs_are_one_line(model_dir, gsm8k_dir, run_copy, 
     saved = json.loads((run_copy / "config.json").read_text())
     (run_copy / "config.json").write_text(json.dumps({**saved, "config": {**saved["config"], "new_knob": 1}}))
     assert "unknown setting" in main_err(["--resume", run_copy], capsys)[1]
-    older = lambda parallel: {**saved, "config": {**saved["config"], "parallel": parallel}}   # before FSDP went
-    (run_copy / "config.json").write_text(json.dumps(older("ddp")))
-    assert gh.saved_config(run_copy) == gh.Config(**saved["config"])            # the default then: resumable
-    (run_copy / "config.json").write_text(json.dumps({**saved, "config": {k: v for k, v in saved["config"].items()
-                                                                           if k != "min_signal_groups"}}))
-    assert gh.saved_config(run_copy).signal_groups == 0          # recorded before signal filling: a step per batch
-    exact = {k: v for k, v in saved["config"].items() if k != "eval_only"} | {"min_signal_groups": 1}
-    (run_copy / "config.json").write_text(json.dumps({**saved, "config": exact}))      # before the floor (11-25)
-    assert "trained on exactly --min-signal-groups 1 groups a step" in main_err(["--resume", run_copy], capsys)[1]
-    (run_copy / "config.json").write_text(json.dumps({**saved, "config": exact | {"eval_only": False}}))
-    assert gh.saved_config(run_copy).min_signal_groups == 1                # recorded today: a floor, resumable
-    (run_copy / "config.json").write_text(json.dumps(older("fsdp")))
-    assert "unknown setting(s) parallel" in main_err(["--resume", run_copy], capsys)[1]
+    (run_copy / "config.json").write_text(json.dumps({**saved, "config": {**saved["config"], "parallel": "ddp"}}))
+    assert "unknown setting(s) parallel" in main_err(["--resume", run_copy], capsys)[1]      # an earlier version's
     (run_copy / "config.json").write_text("{torn")       # damaged, and said so (#24: not "not a run directory")
     assert "config.json (damaged?)" in main_err(["--resume", run_copy], capsys)[1]
 
