@@ -1,0 +1,63 @@
+"""The 1.5B run's figures from its records alone (plan.md): python analyze.py [FOLDER]
+Test problems 200-599, scored in chunks of 100 (before-T/START/eval.jsonl, after-T/START/eval.jsonl, the free control
+control-T/START.json), joined in order: for each budget T the before/after rows with flips, the sign test and the
+paired 95% interval, and the control against both; then the 0.5B's records on the same 400 problems (a subset of
+../qwen-gsm8k-b256/'s 1,119, for comparison only); then the run's steps and its own evaluations on validation.
+Rows, flips and tests as ../qwen-gsm8k-b256/analyze.py prints them (its functions, imported)."""
+import json
+import sys
+from pathlib import Path
+
+B256 = Path(__file__).resolve().parents[1] / "qwen-gsm8k-b256"
+sys.path.insert(0, str(B256))
+from analyze import HEADER, compare, flips, rows, same_problems, table_row  # noqa: E402
+
+CHUNKS = (200, 300, 400, 500)
+
+
+def joined(folder: Path, who: str, tokens: int):
+    """The 400 records of one model at one budget, chunk after chunk; None until every chunk is there."""
+    parts = [folder / f"{who}-{tokens}" / str(start) / "eval.jsonl" for start in CHUNKS]
+    return [r for p in parts for r in rows(p)] if all(p.is_file() for p in parts) else None
+
+
+def control(folder: Path, tokens: int):
+    parts = [folder / f"control-{tokens}" / f"{start}.json" for start in CHUNKS]
+    if not all(p.is_file() for p in parts):
+        return None
+    return [r for p in parts for r in json.loads(p.read_text())["greedy"]["boxed-concise"]["records"]]
+
+
+def main(folder="."):
+    folder = Path(folder)
+    budgets = sorted({int(p.name.split("-")[1]) for p in folder.glob("before-*") if p.is_dir()})
+    for tokens in budgets:
+        before, after, free = joined(folder, "before", tokens), joined(folder, "after", tokens), control(folder, tokens)
+        if before and after:
+            compare(before, after, f"Qwen2.5-Coder-1.5B at {tokens} new tokens, test problems 200-599 (plan.md)")
+        elif before:
+            print(f"\n## {tokens} new tokens: before only\n{HEADER}\n{table_row('before', before)}")
+        if before and free:
+            same_problems(before, free)
+            print(f"{table_row('control', free)}\ncontrol against before: {flips(before, free)[2]}"
+                  + (f"; trained against control: {flips(free, after)[2]}" if after else ""))
+    for tokens in (256, 512):          # the 0.5B on the same problems: the first 400 of its 1,119 (200-1318)
+        pair = [B256 / f"eval_{who}_untouched_{tokens}.jsonl" for who in ("before", "after")]
+        if all(p.is_file() for p in pair):
+            compare(*(rows(p)[:400] for p in pair), f"Qwen2.5-Coder-0.5B (../qwen-gsm8k-b256/) at {tokens} tokens, "
+                    f"the same 400 problems (a subset of its test, for comparison only)")
+    run = folder / "run"
+    if (run / "metrics.jsonl").is_file():
+        keys = ("step", "prompts_drawn", "signal_groups", "reward_mean", "truncated_frac", "completion_len_mean",
+                "policy_kl", "entropy", "gen_seconds", "update_seconds")
+        print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+        for m in rows(run / "metrics.jsonl"):
+            print("| " + " | ".join(f"{m.get(k, ''):.3g}" if isinstance(m.get(k), float) else str(m.get(k, ""))
+                                    for k in keys) + " |")
+    if (run / "eval_after.jsonl").is_file():
+        compare(rows(run / "eval_before.jsonl"), rows(run / "eval_after.jsonl"),
+                "the run's own evaluations, 100 validation problems (not the test)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
