@@ -504,7 +504,7 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
                    **forward_extras(model, attention_mask, keep)).logits[:, -keep:]    # [batch, keep, vocab]
     # 2. Shift: position t - 1 predicts token t
     logits, targets = at_least_fp32(logits[:, :-1]) / temperature, input_ids[:, start:]  # [batch, seq - start, vocab]
-    # 3. Log-softmax in fp32, then the sampled token's entry; 0 before `start`
+    # 3. Log-softmax in fp32 (fp64 stays), then the sampled token's entry; 0 before `start`
     logprobs = F.pad(logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1), (start, 0))  # [batch, seq]
     if with_entropy:                                                                # metrics: no gradient
         return logprobs, F.pad(token_entropy(logits.detach()), (start, 0))          # [batch, seq] each
