@@ -157,9 +157,8 @@ def test_train_grpo_calls_a_graders_stubs_with_the_templates_arguments(model_and
     real = gh.compute_advantages_grpo
     monkeypatch.setattr(gh, "compute_advantages_grpo", lambda rewards, group_size=4: calls.append("advantages") or
                         real(rewards, group_size))
-    batch = gh.collate_prompts([{"input_ids": torch.tensor(tokenizer(q)["input_ids"]), "prompt": q, "question": q,
-                                 "attention_mask": torch.ones(len(tokenizer(q)["input_ids"]), dtype=torch.long),
-                                 "answer": 3.0} for q in ("1 + 2 =", "2 + 1 =")], tokenizer)
+    from test_grpo import prompt_batch
+    batch = prompt_batch(tokenizer, ["1 + 2 =", "2 + 1 ="], answer=3.0)
     start = [p.detach().clone() for p in model.parameters()]
     history = gh.train_grpo(model, tokenizer, [batch], torch.optim.SGD(model.parameters(), lr=0.1), "cpu", 1, 4,
                             0.2, 6)

@@ -555,11 +555,16 @@ def _rollout(model, tok, cfg, seed=0):
     return _rollout_of(model, tok, cfg, ["Q: 1?", "Q: a longer one?", "Q: third"], seed)
 
 
+def prompt_batch(tok, questions, answer=1.0):
+    """collate_prompts' batch of these questions, each with the same gold."""
+    return gh.collate_prompts([{"input_ids": torch.tensor(tok(q)["input_ids"]), "attention_mask":
+                                torch.ones(len(tok(q)["input_ids"]), dtype=torch.long), "prompt": q, "question": q,
+                                "answer": answer} for q in questions], tok)
+
+
 def _rollout_of(model, tok, cfg, questions, seed=0):
     torch.manual_seed(seed)
-    batch = gh.collate_prompts([{"input_ids": torch.tensor(tok(q)["input_ids"]), "attention_mask":
-                                 torch.ones(len(tok(q)["input_ids"]), dtype=torch.long), "prompt": q, "question": q,
-                                 "answer": 1.0} for q in questions], tok)
+    batch = prompt_batch(tok, questions)
     sample = gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], cfg.max_new_tokens,
                                      cfg.temperature, cfg.group_size, batch_size=cfg.generation_batch_size)
     rewards = gh.compute_reward(sample["completions"], [1.0] * len(sample["completions"]))
