@@ -88,7 +88,7 @@ def warm_model_dir(tmp_path_factory, tokenizer):
     path = tmp_path_factory.mktemp("warm-qwen2")
     model = gh.build_tiny_model(tokenizer, seed=0)
     problems = gh.word_problems(500, random.Random(1))
-    gh.supervised_warmup(model, tokenizer, problems, gh.DemoConfig(warmup_max_steps=200, warmup_target=0.15), seed=0)
+    gh.supervised_warmup(model, tokenizer, problems, gh.DemoConfig(warmup_max_steps=100, warmup_target=0.15), seed=0)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

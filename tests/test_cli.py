@@ -513,6 +513,21 @@ def test_validation_and_signal_flags_that_cannot_work_are_refused(model_dir, gsm
     assert message in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
+def test_step_bench_times_both_paths_on_the_same_rollout(model_dir):
+    """tests/bench_step.py end to end at a tiny size, one step (a smoke test, not a timing; on SmolLM2 until
+    2026-11-27, 20 s, most of it the first passes' warm-up)."""
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_step.py"), str(model_dir), "--task",
+                             "arithmetic", "--steps", "0", "--batch-size", "1", "--group-size", "4",
+                             "--max-new-tokens", "4"], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[1:]] == [                 # after the header
+        "| generation", "| log-probs, no grad (old policy / reference)",
+        "| update, every group with spread",
+        "| update, no group with spread", "| step with spread (generation + update)",
+        "| step without spread (generation + update)"]
+
+
 def test_dtype_bench_times_both_precisions_side_by_side(model_dir, gsm8k_dir):
     """tests/bench_dtype.py end to end at a tiny size (a smoke test, not a timing): both columns, every phase."""
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_dtype.py"), str(model_dir), "--dataset",
