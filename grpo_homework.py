@@ -664,10 +664,10 @@ class LoopExtras:
 # ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, extras: LoopExtras | None = None):
-    """For each batch: sample `group_size` completions per prompt, reward, compute advantages, update. Returns the
-    per-step history (list of dicts). The template's arguments are settings of cfg: without cfg they are the
-    settings, the rest at Config's defaults (Dr. GRPO's loss; no step limit, a step per batch); with cfg they must
-    equal its fields."""
+    """For each batch: sample `group_size` completions per prompt, reward, compute advantages (1-3), update (4); a
+    run's step may first draw up to --max-draws more batches until --min-signal-groups groups have reward spread
+    (DAPO). Returns the per-step history (list of dicts). The template's arguments are cfg's settings: without cfg
+    the rest are Config's defaults (Dr. GRPO's loss, a step per batch, no step limit); with cfg they must match it."""
     cfg = loop_config(cfg, num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps,
                       max_new_tokens=max_new_tokens)
     extras = extras or LoopExtras()
