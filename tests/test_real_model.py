@@ -151,11 +151,12 @@ def test_smollm2_learns_the_arithmetic_task_under_lora(smollm2, tmp_path):
     answer '#### N' within 40 tokens (at 32 tokens no sample finishes, so nothing is learnt). Measured alone on
     2026-11-27: sampled reward 0.006, 0.009, 0.059, 0.153, 0.338; greedy accuracy on 16 held-out problems 12.5% ->
     56.25% (8 gained, 1 lost); 207 s through the CLI. A sixth step (this test until 2026-11-27: 225 s in the suite)
-    reached 0.472 and 87.5%; cut for the suite's 10 minutes, though this machine's drifting speed hid the saving. Seed 0 is every recorded SmolLM2 run's; seed 1 reaches sampled reward
-    0.40 by step 6 but greedy 12.5% still: a threshold of one seed, not of every seed. With 4 prompts a step (this
-    test until 2026-11-26; the seq-mean loss then gives one lucky group twice the weight) seed 0 ended at 0% greedy,
-    every answer '#### 2', and seed 1's reward fell to 0 after a step. fp32 on purpose: in bf16 (tried alone for
-    speed on 2026-11-26) seed 0 stayed at 6.25% greedy, its sampled reward 0.006 -> 0.253 in 6 steps."""
+    reached 0.472 and 87.5%; cut for the suite's 10 minutes, though this machine's drifting speed hid the saving.
+    Seed 0 is every recorded SmolLM2 run's; seed 1 reaches sampled reward 0.40 by step 6 but greedy 12.5% still: a
+    threshold of one seed, not of every seed. With 4 prompts a step (this test until 2026-11-26; the seq-mean loss
+    then gives one lucky group twice the weight) seed 0 ended at 0% greedy, every answer '#### 2', and seed 1's
+    reward fell to 0 after a step. fp32 on purpose: in bf16 (tried alone for speed on 2026-11-26) seed 0 stayed at
+    6.25% greedy, its sampled reward 0.006 -> 0.253 in 6 steps; at lr 2e-3 (2026-11-27) 6.25% -> 0%, and no faster."""
     pytest.importorskip("peft")
     out = tmp_path / "run"
     assert gh.main([str(SMOLLM2), "--task", "arithmetic", "--device", "cpu", "--batch-size", "8", "--group-size", "8",
