@@ -168,6 +168,6 @@ def test_smollm2_learns_the_arithmetic_task_under_lora(smollm2, tmp_path):
                     str(out)]) == 0
     rewards = [json.loads(line)["reward_mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((out / "summary.json").read_text())
-    assert len(rewards) == 5 and rewards[-1] - rewards[0] >= 0.2, rewards
+    assert len(rewards) == 5 and sum(rewards[-2:]) / 2 - sum(rewards[:2]) / 2 >= 0.2, rewards
     assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.25, summary
     assert (out / "final" / "adapter" / "adapter_model.safetensors").exists()
