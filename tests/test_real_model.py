@@ -150,8 +150,8 @@ def test_smollm2_learns_the_arithmetic_task_under_lora(smollm2, tmp_path):
     (plots/smollm2-lora/notes.md): the SmolLM2 recipe's 8 prompts x 8 cut to 5 steps, in which the policy learns to
     answer '#### N' within 40 tokens (at 32 tokens no sample finishes, so nothing is learnt). Measured alone on
     2026-11-27: sampled reward 0.006, 0.009, 0.059, 0.153, 0.338; greedy accuracy on 16 held-out problems 12.5% ->
-    56.25% (8 gained, 1 lost); 207 s through the CLI. A sixth step (this test until 2026-11-27: 225 s in the suite)
-    reached 0.472 and 87.5%; cut for the suite's 10 minutes, though this machine's drifting speed hid the saving.
+    56.25% (8 gained, 1 lost); 207 s through the CLI, 195 s in the suite. A sixth step (this test until 2026-11-27:
+    225 s in the suite) reached 0.472 and 87.5%; cut for the suite's 10 minutes.
     Seed 0 is every recorded SmolLM2 run's; seed 1 reaches sampled reward 0.40 by step 6 but greedy 12.5% still: a
     threshold of one seed, not of every seed. With 4 prompts a step (this test until 2026-11-26; the seq-mean loss
     then gives one lucky group twice the weight) seed 0 ended at 0% greedy, every answer '#### 2', and seed 1's
