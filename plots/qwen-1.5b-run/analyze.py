@@ -2,7 +2,8 @@
 Test problems 200-599, scored in chunks of 100 (before-T/START/eval.jsonl, after-T/START/eval.jsonl, the free control
 control-T/START.json), joined in order: for each budget T the before/after rows with flips, the sign test and the
 paired 95% interval, and the control against both; then the 0.5B's records on the same 400 problems (a subset of
-../qwen-gsm8k-b256/'s 1,119, for comparison only); then the run's steps and its own evaluations on validation.
+../qwen-gsm8k-b256/'s 1,119, for comparison only); then the run's steps, the restart against run-attempt1/
+step by step (all but timings), and its own evaluations on validation.
 Rows, flips and tests as ../qwen-gsm8k-b256/analyze.py prints them (its functions, imported)."""
 import json
 import sys
@@ -54,6 +55,15 @@ def main(folder="."):
         for m in rows(run / "metrics.jsonl"):
             print("| " + " | ".join(f"{m.get(k, ''):.3g}" if isinstance(m.get(k), float) else str(m.get(k, ""))
                                     for k in keys) + " |")
+    first = folder / "run-attempt1" / "metrics.jsonl"   # the attempt whose checkpoints were lost (plan.md, added)
+    if (run / "metrics.jsonl").is_file() and first.is_file():
+        timing = {"gen_seconds", "update_seconds", "tokens_per_s"}
+        again = {m["step"]: m for m in rows(run / "metrics.jsonl")}
+        both = [(m, again[m["step"]]) for m in rows(first) if m["step"] in again]
+        differ = [a["step"] for a, b in both if {k: v for k, v in a.items() if k not in timing}
+                  != {k: v for k, v in b.items() if k not in timing}]
+        print(f"\nthe restart against run-attempt1/, steps 1-{len(both)}: every figure but the timings equal "
+              f"in {len(both) - len(differ)} steps" + (f"; steps {differ} differ" if differ else ""))
     if (run / "eval_after.jsonl").is_file():
         compare(rows(run / "eval_before.jsonl"), rows(run / "eval_after.jsonl"),
                 "the run's own evaluations, 100 validation problems (not the test)")
