@@ -25,7 +25,11 @@ def test_shortened_demo_raises_held_out_accuracy_and_sampled_reward(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     before, after = summary["accuracy_before"], summary["accuracy_after"]
-    assert 0.2 <= before <= 0.5, "the warm-up should leave the policy partly competent"
+    # The warm-up stops at 30% on 64 training problems, checked now and then, so held-out accuracy lands near it:
+    # 35.0% on the CPU of plots/demo-seed0/, 29.0% on one with AMX, 51.7% (-> 96.3% after) on one with AVX2 only
+    # (fp32 rounds otherwise there). Below 60% leaves the +10 points asked of GRPO room; above, the warm-up would
+    # have done GRPO's work.
+    assert 0.2 <= before <= 0.6, "the warm-up should leave the policy partly competent"
     assert after - before >= 0.10, f"GRPO moved held-out accuracy only from {before:.1%} to {after:.1%}"
     rewards = [json.loads(line)["reward_mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rewards) == 200
