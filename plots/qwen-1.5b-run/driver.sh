@@ -59,13 +59,12 @@ control() {  # tokens: the starting model told "Be concise." (no training), the 
 }
 for tokens in $BUDGETS; do score before $MODEL $tokens bfloat16 || exit 1; done
 for tokens in $BUDGETS; do control $tokens || exit 1; done
-# Added 2026-11-27 (plan.md): the run trains in bf16, which a CPU without bf16 instructions computes 2-5 times slower
-# than fp32 (avx2-matmul.txt): there the run waits for another machine instead of taking days
-if ! finished run && ! grep -qw avx512_bf16 /proc/cpuinfo; then
-  echo "this CPU has no bf16 instructions (no avx512_bf16 in /proc/cpuinfo): the run waits for one (plan.md)"; exit 1
-fi
 # The run: trained on train problems after the first 200; its own evaluations score 100 validation problems
 if ! finished run; then
+  # Added 2026-11-27 (plan.md): the run trains in bf16, which a CPU without bf16 instructions computes 2-5 times
+  # slower than fp32 (avx2-matmul.txt): there the run waits for another machine instead of taking days
+  grep -qw avx512_bf16 /proc/cpuinfo ||
+    { echo "this CPU has no bf16 instructions (no avx512_bf16 in /proc/cpuinfo): the run waits (plan.md)"; exit 1; }
   if [ -d run ]; then /usr/bin/time -v -a -o run.time python code/grpo_homework.py --resume run >> run.log 2>&1
   else /usr/bin/time -v -a -o run.time python code/grpo_homework.py $MODEL --dataset $GSM8K --device cpu \
     --dtype bfloat16 --val-size 200 --eval-split validation --eval-size 100 --eval-batch-size 50 \
