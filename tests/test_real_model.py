@@ -157,7 +157,10 @@ def test_smollm2_learns_the_arithmetic_task_under_lora(smollm2, tmp_path):
     threshold of one seed, not of every seed. With 4 prompts a step (this test until 2026-11-26; the seq-mean loss
     then gives one lucky group twice the weight) seed 0 ended at 0% greedy, every answer '#### 2', and seed 1's
     reward fell to 0 after a step. fp32 on purpose: in bf16 (tried alone for speed on 2026-11-26) seed 0 stayed at
-    6.25% greedy, its sampled reward 0.006 -> 0.253 in 6 steps; at lr 2e-3 (2026-11-27) 6.25% -> 0%, and no faster."""
+    6.25% greedy, its sampled reward 0.006 -> 0.253 in 6 steps; at lr 2e-3 (2026-11-27) 6.25% -> 0%, and no faster.
+    Cheaper variants tried alone on an AVX2-only CPU (2026-11-27, where this test takes 300-380 s; same rewards as
+    above to the digit): group size 4 (133 s) and 6 prompts (215 s) left greedy at 25% and 31% (no group had reward
+    spread in the first 2-3 steps); 48 tokens for 4 steps (347 s) reached reward 0.37 but greedy 25% (3 / 2)."""
     pytest.importorskip("peft")
     out = tmp_path / "run"
     assert gh.main([str(SMOLLM2), "--task", "arithmetic", "--device", "cpu", "--batch-size", "8", "--group-size", "8",
