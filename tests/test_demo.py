@@ -3,11 +3,11 @@
 A shortened demo (seed 0, 200 of the default 1,000 GRPO steps, 1-2 minutes) rather than the full one: the same
 model, warm-up and settings (the learning rate decays to 0 at step 200 instead of 1,000), so it exercises
 everything the full run does. Measured on the demo's fresh held-out problems: greedy accuracy 29% -> 65% on a CPU
-with AMX (0e7b87d, when it was cut from 300 steps, which gave 35.0% -> 60.0% and sampled reward 0.24 -> 0.42 over
-the first and last 50 steps), 51.7% -> 96.3% on one with AVX2 only (f63a041); the full 1,000 steps: 35.0% ->
-69.7% (plots/demo-seed0/). Greedy accuracy part-way through a run is noisy, so the test asks for both: +10
-points held-out (about 2.5 standard errors of a difference of two accuracies on 300 problems) and a sampled-reward
-rise of at least 0.1.
+with AMX (0e7b87d, which cut the test from 300 steps: those gave 35.0% -> 60.0%, sampled reward 0.24 -> 0.42 over
+the first and last 50 steps, on the first machine, #45), 51.7% -> 96.3% on one with AVX2 only (f63a041); the full
+1,000 steps: 35.0% -> 69.7% (plots/demo-seed0/). Greedy accuracy part-way through a run is noisy, so the test
+asks for both: +10 points held-out (about 2.5 standard errors of a difference of two accuracies on 300 problems)
+and a sampled-reward rise of at least 0.1.
 A second, in-process test runs a miniature demo three times: the same seed gives the same data and weights.
 """
 import dataclasses
