@@ -3,7 +3,8 @@
 # Instruct (tests/build_qwen_coder.py --size 1.5b), LoRA on 2 CPU cores, alone (in fp32 for 4 steps since plan.md's
 # addendum of 2026-11-27 16:50: this CPU has no bf16 instructions). Code: grpo_homework.py
 # and tests/ as of the commit that added plan.md, copied once (code/), so a later edit cannot change the run.
-# Scoring runs in chunks of 100 test problems (about 13 minutes each at 512 tokens), so that a sitting's end loses
+# Scoring runs in chunks of 100 test problems (13 minutes each at 512 tokens in bf16 with AVX512-BF16; about an hour
+# at 384 in fp32 on AVX2, avx2-fp32-eval/), so that a sitting's end loses
 # at most one chunk; training checkpoints every step. Re-running skips what finished and resumes what stopped.
 # Order: the starting model and the control first (they need no training), then the run, then the trained model.
 set -u
