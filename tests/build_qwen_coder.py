@@ -26,8 +26,11 @@ is left as it is. Needs pip, torch and transformers; installs the `gguf` package
 The model is Apache-2.0 (Qwen2.5-Coder by the Qwen team). On speed on 2 CPU cores: a greedy GSM8K answer runs to
 300+ tokens; time a short run before a long one.
 """
+import argparse
 import glob
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,6 +52,9 @@ def main(dest: str, size: str = "0.5b") -> None:
     if (dest_dir / "config.json").is_file():
         print(f"{dest_dir} already holds a model")
         return
+    if dest_dir.exists() and (not dest_dir.is_dir() or any(dest_dir.iterdir())):
+        print(f"error: {dest_dir} exists and holds no model: name a new or empty folder", file=sys.stderr)
+        sys.exit(2)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "gguf"], check=True)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -74,13 +80,22 @@ def main(dest: str, size: str = "0.5b") -> None:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(loaded.state_dict())
         model.generation_config = GenerationConfig(**GENERATION_CONFIG)
-        model.save_pretrained(dest_dir)
-        tokenizer.save_pretrained(dest_dir)
+        # written beside DEST_DIR and renamed into place: an interrupted build leaves no DEST_DIR that looks whole
+        dest_dir.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.partial-", dir=dest_dir.parent))
+        try:
+            model.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
+            os.replace(partial, dest_dir)   # an empty DEST_DIR is replaced; a non-empty one was refused above
+        except BaseException:               # Ctrl-C included: remove the half-written folder this build made
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
     print(f"wrote {dest_dir}")
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if len(args) not in (1, 3) or (len(args) == 3 and (args[1] != "--size" or args[2] not in RELEASES)):
-        sys.exit(__doc__)
-    main(args[0], *args[2:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dest", help="the model folder to write (new or empty)")
+    parser.add_argument("--size", choices=sorted(RELEASES), default="0.5b")
+    args = parser.parse_args()
+    main(args.dest, args.size)

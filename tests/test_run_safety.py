@@ -1218,3 +1218,30 @@ def test_the_gsm8k_runs_analyze_script_reads_odd_records_in_one_line(tmp_path):
     result = analyze(torn, tmp_path / "curves.png")
     assert result.returncode == 0 and "warning" not in result.stderr.lower(), result.stderr
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_the_model_build_script_reads_its_arguments_before_it_downloads_anything(tmp_path):
+    """tests/build_qwen_coder.py once took `--help` for its destination and built a 2.4 GB model in a folder named
+    --help. Help, a size it has no release of, and a folder that holds something but no model end before pip runs
+    (the working folder stays empty); a folder with a model is left as it is."""
+    build = lambda *args: subprocess.run([sys.executable, str(ROOT / "tests" / "build_qwen_coder.py"), *args],
+                                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "build_qwen_coder.py"), "--help"],
+                            capture_output=True, text=True, timeout=60, cwd=work)
+    assert result.returncode == 0 and "usage:" in result.stdout and "--size" in result.stdout
+    assert list(work.iterdir()) == []
+    result = build("model", "--size", "3b")
+    assert result.returncode == 2 and "invalid choice: '3b'" in result.stderr
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    result = build(str(tmp_path / "full"))
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'full'} exists and holds no model: name a new or empty folder"]
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+    (tmp_path / "built").mkdir()
+    (tmp_path / "built" / "config.json").write_text("{}")
+    result = build(str(tmp_path / "built"), "--size", "1.5b")
+    assert result.returncode == 0 and "already holds a model" in result.stdout and "pip" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["built", "full", "work"]
