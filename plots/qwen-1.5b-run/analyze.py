@@ -65,8 +65,8 @@ def main(folder="."):
         print(f"\nthe restart against run-attempt1/, steps 1-{len(both)}: every figure but the timings equal "
               f"in {len(both) - len(differ)} steps" + (f"; steps {differ} differ" if differ else ""))
     if (run / "eval_after.jsonl").is_file():
-        compare(rows(run / "eval_before.jsonl"), rows(run / "eval_after.jsonl"),
-                "the run's own evaluations, 100 validation problems (not the test)")
+        own = rows(run / "eval_before.jsonl"), rows(run / "eval_after.jsonl")
+        compare(*own, f"the run's own evaluations, {len(own[0])} validation problems (not the test)")
 
 
 if __name__ == "__main__":

@@ -61,9 +61,14 @@ def same_problems(*evaluations):
         sys.exit(2)
 
 
+def control_file(run):
+    """The free control's record: the run's own, else its parent's (the re-run, rerun/, shares the first run's)."""
+    return next((p for p in (run / "control-test-256.json", run.parent / "control-test-256.json") if p.exists()), None)
+
+
 def control_row(run, before, after):
     """The free control (control.sh: the starting model told "Be concise.", no training) on the same problems."""
-    recs = json.loads((run / "control-test-256.json").read_text())["greedy"]["boxed-concise"]["records"]
+    recs = json.loads(control_file(run).read_text())["greedy"]["boxed-concise"]["records"]
     same_problems(before, recs)
     print(f"\n{HEADER}\n{table_row('control', recs)}\ncontrol against before: {flips(before, recs)[2]}; "
           f"trained against control: {flips(recs, after)[2]}")
@@ -100,7 +105,7 @@ def main(run):
         pair = [run / f"eval_{when}{suffix}.jsonl" for when in ("before", "after")]
         if all(p.exists() for p in pair):
             compare(*map(rows, pair), label)
-            if not suffix and (run / "control-test-256.json").exists():
+            if not suffix and control_file(run):
                 control_row(run, *map(rows, pair))
     keys = ("step", "prompts_drawn", "signal_groups", "reward_mean", "truncated_frac", "completion_len_mean",
             "policy_kl", "entropy", "gen_seconds", "update_seconds")
