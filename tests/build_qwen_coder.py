@@ -83,6 +83,7 @@ def main(dest: str, size: str = "0.5b") -> None:
         # written beside DEST_DIR and renamed into place: an interrupted build leaves no DEST_DIR that looks whole
         dest_dir.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.partial-", dir=dest_dir.parent))
+        partial.chmod(0o755)                # mkdtemp's 0700 would follow the model into DEST_DIR
         try:
             model.save_pretrained(partial)
             tokenizer.save_pretrained(partial)
