@@ -1224,12 +1224,12 @@ def test_the_model_build_script_reads_its_arguments_before_it_downloads_anything
     """tests/build_qwen_coder.py once took `--help` for its destination and built a 2.4 GB model in a folder named
     --help. Help, a size it has no release of, and a folder that holds something but no model end before pip runs
     (the working folder stays empty); a folder with a model is left as it is."""
-    build = lambda *args: subprocess.run([sys.executable, str(ROOT / "tests" / "build_qwen_coder.py"), *args],
-                                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    build = lambda *args, cwd=tmp_path: subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "build_qwen_coder.py"), *args], capture_output=True, text=True,
+        timeout=60, cwd=cwd)
     work = tmp_path / "work"
     work.mkdir()
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "build_qwen_coder.py"), "--help"],
-                            capture_output=True, text=True, timeout=60, cwd=work)
+    result = build("--help", cwd=work)
     assert result.returncode == 0 and "usage:" in result.stdout and "--size" in result.stdout
     assert list(work.iterdir()) == []
     result = build("model", "--size", "3b")
