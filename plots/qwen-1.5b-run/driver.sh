@@ -7,6 +7,8 @@
 # at 384 in fp32 on AVX2, avx2-fp32-eval/), so that a sitting's end loses
 # at most one chunk; training checkpoints every step. Re-running skips what finished and resumes what stopped.
 # Order: the starting model and the control first (they need no training), then the run, then the trained model.
+# Added 2026-11-28 (plan.md): the machine was laid anew with the trained model's final/ lost after 6 of the 8
+# chunks; the same recipe trains again from step 0 into run-b/, whose final/ scores the chunks still missing.
 set -u
 PLAN=$(git -C /work/main log --diff-filter=A --format=%H -- plots/qwen-1.5b-run/plan.md | tail -1)
 [ -n "$PLAN" ] || { echo "plan.md is not committed"; exit 1; }
@@ -62,19 +64,20 @@ control() {  # tokens: the starting model told "Be concise." (no training), the 
 for tokens in $BUDGETS; do score before $MODEL $tokens bfloat16 || exit 1; done
 for tokens in $BUDGETS; do control $tokens || exit 1; done
 # The run: trained on train problems after the first 200; its own evaluations score 50 validation problems
-if ! finished run; then
+RUN=run-b   # run until plan.md's addendum of 2026-11-28; the same settings
+if ! finished $RUN; then
   # Added 2026-11-27 16:50 (plan.md): fp32, since this CPU computes bf16 2-5 times slower (avx2-matmul.txt); the
   # run's own evaluations on 50 validation problems and micro-batches of 1 row (fp32 peaked at 21.5 GiB at 2)
-  if [ -d run ]; then /usr/bin/time -v -a -o run.time python code/grpo_homework.py --resume run >> run.log 2>&1
-  else /usr/bin/time -v -a -o run.time python code/grpo_homework.py $MODEL --dataset $GSM8K --device cpu \
+  if [ -d $RUN ]; then /usr/bin/time -v -a -o $RUN.time python code/grpo_homework.py --resume $RUN >> $RUN.log 2>&1
+  else /usr/bin/time -v -a -o $RUN.time python code/grpo_homework.py $MODEL --dataset $GSM8K --device cpu \
     --dtype float32 --val-size 200 --eval-split validation --eval-size 50 --eval-batch-size 50 \
     --max-new-tokens $BUDGET --batch-size 4 --group-size 8 --max-draws 2 --temperature 0.7 --lr-warmup-steps 0 \
     --learning-rate 2e-4 --lora-rank 16 --lora-alpha 32 --max-steps $STEPS --generation-batch-size 32 \
     --micro-batch-size 1 --save-every 1 --keep-checkpoints 2 --plot-every 1 --show-examples 0 --seed 0 \
-    --output-dir run >> run.log 2>&1; fi
-  finished run || exit 1
+    --output-dir $RUN >> $RUN.log 2>&1; fi
+  finished $RUN || exit 1
 fi
 AFTER_DTYPE=$(after_dtype) || exit 1
 echo "the trained model is scored in $AFTER_DTYPE"
-for tokens in $BUDGETS; do score after run/final $tokens $AFTER_DTYPE || exit 1; done
+for tokens in $BUDGETS; do score after $RUN/final $tokens $AFTER_DTYPE || exit 1; done
 echo "all scored"

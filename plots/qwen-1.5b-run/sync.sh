@@ -11,11 +11,12 @@ for chunk in before-*/* after-*/*; do
   mkdir -p "$HERE/$chunk" && cp "$chunk"/{config.json,eval.jsonl,summary.json} "$HERE/$chunk/"
 done
 for file in control-*/*.json *.log *.time; do [ -f "$file" ] && mkdir -p "$HERE/$(dirname "$file")" && cp "$file" "$HERE/$file"; done
-if [ -d run ]; then
-  mkdir -p "$HERE/run"
-  for file in run/metrics.jsonl run/config.json run/summary.json run/eval_*.jsonl run/before_after.md; do
+for run in run run-b; do  # run-b: the same recipe trained again (plan.md, added 2026-11-28)
+  [ -d $run ] || continue
+  mkdir -p "$HERE/$run"
+  for file in $run/metrics.jsonl $run/config.json $run/summary.json $run/eval_*.jsonl $run/before_after.md; do
     [ -f "$file" ] && cp "$file" "$HERE/$file"
   done
-  [ -d run/plots ] && cp -r run/plots "$HERE/run/"
-fi
+  [ -d $run/plots ] && cp -r $run/plots "$HERE/$run/"
+done
 echo "records copied into $HERE"
