@@ -3,7 +3,9 @@ Test problems 200-599, scored in chunks of 100 (before-T/START/eval.jsonl, after
 control-T/START.json), joined in order: for each budget T the before/after rows with flips, the sign test and the
 paired 95% interval, and the control against both; then the 0.5B's records on the same 400 problems (a subset of
 ../qwen-gsm8k-b256/'s 1,119, for comparison only); then the run's steps, the restart against run-attempt1/
-step by step (all but timings), and its own evaluations on validation.
+step by step (all but timings), and its own evaluations on validation. Since plan.md's addendum of 2026-11-28 a
+budget's chunks may come from two trainings of the recipe (run/final, run-b/final, named in each chunk's
+config.json): each one's problems are then compared apart before the joined 400, and run-b's steps against run/'s.
 Rows, flips and tests as ../qwen-gsm8k-b256/analyze.py prints them (its functions, imported)."""
 import json
 import sys
@@ -22,6 +24,12 @@ def joined(folder: Path, who: str, tokens: int):
     return [r for p in parts for r in rows(p)] if all(p.is_file() for p in parts) else None
 
 
+def trained_models(folder: Path, tokens: int):
+    """Which final/ scored each chunk of the trained model at one budget: run/final or run-b/final (plan.md)."""
+    configs = [json.loads((folder / f"after-{tokens}" / str(start) / "config.json").read_text()) for start in CHUNKS]
+    return ["/".join(Path(c["config"]["model_path"]).parts[-2:]) for c in configs]
+
+
 def control(folder: Path, tokens: int):
     parts = [folder / f"control-{tokens}" / f"{start}.json" for start in CHUNKS]
     if not all(p.is_file() for p in parts):
@@ -35,7 +43,14 @@ def main(folder="."):
     for tokens in budgets:
         before, after, free = joined(folder, "before", tokens), joined(folder, "after", tokens), control(folder, tokens)
         if before and after:
-            compare(before, after, f"Qwen2.5-Coder-1.5B at {tokens} new tokens, test problems 200-599 (plan.md)")
+            scored_by = trained_models(folder, tokens)
+            for model in dict.fromkeys(scored_by) if len(set(scored_by)) > 1 else ():
+                chunks = [c for c, m in enumerate(scored_by) if m == model]
+                part = [j for c in chunks for j in range(100 * c, 100 * c + 100)]   # indices into the 400
+                compare([before[j] for j in part], [after[j] for j in part], f"{tokens} new tokens, the chunks "
+                        f"{model} scored: test problems " + ", ".join(f"{CHUNKS[c]}-{CHUNKS[c] + 99}" for c in chunks))
+            compare(before, after, f"Qwen2.5-Coder-1.5B at {tokens} new tokens, test problems 200-599 (plan.md)"
+                    + (", two trainings of the recipe joined" if len(set(scored_by)) > 1 else ""))
         elif before:
             print(f"\n## {tokens} new tokens: before only\n{HEADER}\n{table_row('before', before)}")
         if before and free:
@@ -47,26 +62,29 @@ def main(folder="."):
         if all(p.is_file() for p in pair):
             compare(*(rows(p)[:400] for p in pair), f"Qwen2.5-Coder-0.5B (../qwen-gsm8k-b256/) at {tokens} tokens, "
                     f"the same 400 problems (a subset of its test, for comparison only)")
-    run = folder / "run"
-    if (run / "metrics.jsonl").is_file():
-        keys = ("step", "prompts_drawn", "signal_groups", "reward_mean", "truncated_frac", "completion_len_mean",
-                "policy_kl", "entropy", "gen_seconds", "update_seconds")
-        print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-        for m in rows(run / "metrics.jsonl"):
+    keys = ("step", "prompts_drawn", "signal_groups", "reward_mean", "truncated_frac", "completion_len_mean",
+            "policy_kl", "entropy", "gen_seconds", "update_seconds")
+    timing = {"gen_seconds", "update_seconds", "tokens_per_s"}
+    # each training against the one before it: the restart against the attempt whose checkpoints were lost, the
+    # second training (plan.md, added 2026-11-28) against the first
+    for name, earlier in (("run", "run-attempt1"), ("run-b", "run")):
+        run, first = folder / name / "metrics.jsonl", folder / earlier / "metrics.jsonl"
+        if not run.is_file():
+            continue
+        print(f"\n{name}/'s steps\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+        for m in rows(run):
             print("| " + " | ".join(f"{m.get(k, ''):.3g}" if isinstance(m.get(k), float) else str(m.get(k, ""))
                                     for k in keys) + " |")
-    first = folder / "run-attempt1" / "metrics.jsonl"   # the attempt whose checkpoints were lost (plan.md, added)
-    if (run / "metrics.jsonl").is_file() and first.is_file():
-        timing = {"gen_seconds", "update_seconds", "tokens_per_s"}
-        again = {m["step"]: m for m in rows(run / "metrics.jsonl")}
-        both = [(m, again[m["step"]]) for m in rows(first) if m["step"] in again]
-        differ = [a["step"] for a, b in both if {k: v for k, v in a.items() if k not in timing}
-                  != {k: v for k, v in b.items() if k not in timing}]
-        print(f"\nthe restart against run-attempt1/, steps 1-{len(both)}: every figure but the timings equal "
-              f"in {len(both) - len(differ)} steps" + (f"; steps {differ} differ" if differ else ""))
-    if (run / "eval_after.jsonl").is_file():
-        own = rows(run / "eval_before.jsonl"), rows(run / "eval_after.jsonl")
-        compare(*own, f"the run's own evaluations, {len(own[0])} validation problems (not the test)")
+        if first.is_file():
+            again = {m["step"]: m for m in rows(run)}
+            both = [(m, again[m["step"]]) for m in rows(first) if m["step"] in again]
+            differ = [a["step"] for a, b in both if {k: v for k, v in a.items() if k not in timing}
+                      != {k: v for k, v in b.items() if k not in timing}]
+            print(f"\n{name}/ against {earlier}/, steps 1-{len(both)}: every figure but the timings equal "
+                  f"in {len(both) - len(differ)} steps" + (f"; steps {differ} differ" if differ else ""))
+        if (folder / name / "eval_after.jsonl").is_file():
+            own = rows(folder / name / "eval_before.jsonl"), rows(folder / name / "eval_after.jsonl")
+            compare(*own, f"{name}/'s own evaluations, {len(own[0])} validation problems (not the test)")
 
 
 if __name__ == "__main__":
