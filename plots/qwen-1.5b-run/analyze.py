@@ -82,6 +82,12 @@ def main(folder="."):
                       != {k: v for k, v in b.items() if k not in timing}]
             print(f"\n{name}/ against {earlier}/, steps 1-{len(both)}: every figure but the timings equal "
                   f"in {len(both) - len(differ)} steps" + (f"; steps {differ} differ" if differ else ""))
+            for a, b in both:   # how far: a sampling that parted shows in reward and lengths, rounding only in KL
+                apart = {k: abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k])) for k in a.keys() - timing
+                         if isinstance(a[k], (int, float)) and k in b and a[k] != b[k]}
+                if apart:
+                    print(f"  step {a['step']}: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(
+                        apart.items(), key=lambda kv: -kv[1])) + " (relative difference)")
         if (folder / name / "eval_after.jsonl").is_file():
             own = rows(folder / name / "eval_before.jsonl"), rows(folder / name / "eval_after.jsonl")
             compare(*own, f"{name}/'s own evaluations, {len(own[0])} validation problems (not the test)")
