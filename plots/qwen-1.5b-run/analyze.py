@@ -44,13 +44,14 @@ def main(folder="."):
         before, after, free = joined(folder, "before", tokens), joined(folder, "after", tokens), control(folder, tokens)
         if before and after:
             scored_by = trained_models(folder, tokens)
-            for model in dict.fromkeys(scored_by) if len(set(scored_by)) > 1 else ():
+            trainings = list(dict.fromkeys(scored_by))   # in chunk order
+            for model in trainings if len(trainings) > 1 else ():
                 chunks = [c for c, m in enumerate(scored_by) if m == model]
                 part = [j for c in chunks for j in range(100 * c, 100 * c + 100)]   # indices into the 400
                 compare([before[j] for j in part], [after[j] for j in part], f"{tokens} new tokens, the chunks "
                         f"{model} scored: test problems " + ", ".join(f"{CHUNKS[c]}-{CHUNKS[c] + 99}" for c in chunks))
             compare(before, after, f"Qwen2.5-Coder-1.5B at {tokens} new tokens, test problems 200-599 (plan.md)"
-                    + (", two trainings of the recipe joined" if len(set(scored_by)) > 1 else ""))
+                    + (", two trainings of the recipe joined" if len(trainings) > 1 else ""))
         elif before:
             print(f"\n## {tokens} new tokens: before only\n{HEADER}\n{table_row('before', before)}")
         if before and free:
@@ -83,7 +84,7 @@ def main(folder="."):
             print(f"\n{name}/ against {earlier}/, steps 1-{len(both)}: every figure but the timings equal "
                   f"in {len(both) - len(differ)} steps" + (f"; steps {differ} differ" if differ else ""))
             for a, b in both:   # how far: a sampling that parted shows in reward and lengths, rounding only in KL
-                apart = {k: abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k])) for k in a.keys() - timing
+                apart = {k: abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k])) for k in a if k not in timing
                          if isinstance(a[k], (int, float)) and k in b and a[k] != b[k]}
                 if apart:
                     print(f"  step {a['step']}: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(
