@@ -5,7 +5,8 @@ paired 95% interval, and the control against both; then the 0.5B's records on th
 ../qwen-gsm8k-b256/'s 1,119, for comparison only); then the run's steps, the restart against run-attempt1/
 step by step (all but timings), and its own evaluations on validation. Since plan.md's addendum of 2026-11-28 a
 budget's chunks may come from two trainings of the recipe (run/final, run-b/final, named in each chunk's
-config.json): each one's problems are then compared apart before the joined 400, and run-b's steps against run/'s.
+config.json): each one's problems are then compared apart before the joined 400, and run-b's steps against run/'s;
+beside the test, run-b/final's scores of 200-399 (after-b-512/) against run/final's on the same problems.
 Rows, flips and tests as ../qwen-gsm8k-b256/analyze.py prints them (its functions, imported)."""
 import json
 import sys
@@ -58,6 +59,16 @@ def main(folder="."):
             same_problems(before, free)
             print(f"{table_row('control', free)}\ncontrol against before: {flips(before, free)[2]}"
                   + (f"; trained against control: {flips(free, after)[2]}" if after else ""))
+    # Beside, outside the test (plan.md, added 2026-11-28): the second training's final/ on the first's problems
+    first, second = ([folder / who / str(start) / "eval.jsonl" for start in CHUNKS[:2]]
+                     for who in ("after-512", "after-b-512"))
+    if all(p.is_file() for p in first + second):
+        first, second = ([r for p in paths for r in rows(p)] for paths in (first, second))
+        same_problems(first, second)
+        same = sum(a["completion"] == b["completion"] for a, b in zip(first, second))
+        print(f"\n## beside the test: the two trainings' final/ at 512 tokens, test problems 200-399\n{HEADER}\n"
+              f"{table_row('run/final', first)}\n{table_row('run-b/final', second)}\nthe same completion, "
+              f"character for character, on {same} of {len(first)}; run-b against run: {flips(first, second)[2]}")
     for tokens in (256, 512):          # the 0.5B on the same problems: the first 400 of its 1,119 (200-1318)
         pair = [B256 / f"eval_{who}_untouched_{tokens}.jsonl" for who in ("before", "after")]
         if all(p.is_file() for p in pair):

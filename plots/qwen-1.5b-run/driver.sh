@@ -81,3 +81,6 @@ AFTER_DTYPE=$(after_dtype) || exit 1
 echo "the trained model is scored in $AFTER_DTYPE"
 for tokens in $BUDGETS; do score after $RUN/final $tokens $AFTER_DTYPE || exit 1; done
 echo "all scored"
+# Beside, outside the test (plan.md, added 2026-11-28): run-b/final also at 512 on test problems 200-399, which
+# run/final scored, to measure how far two trainings of the recipe part on the same problems; into after-b-512/
+if [ $RUN = run-b ]; then CHUNKS="200 300"; score after-b $RUN/final 512 $AFTER_DTYPE || exit 1; echo "beside scored"; fi
