@@ -60,13 +60,16 @@ def main(folder="."):
             print(f"{table_row('control', free)}\ncontrol against before: {flips(before, free)[2]}"
                   + (f"; trained against control: {flips(free, after)[2]}" if after else ""))
     # Beside, outside the test (plan.md, added 2026-11-28): the second training's final/ on the first's problems
-    first, second = ([folder / who / str(start) / "eval.jsonl" for start in CHUNKS[:2]]
+    # (the chunks scored so far: a sitting's end may leave the second undone)
+    starts = [s for s in CHUNKS[:2] if (folder / "after-b-512" / str(s) / "eval.jsonl").is_file()]
+    first, second = ([folder / who / str(start) / "eval.jsonl" for start in starts]
                      for who in ("after-512", "after-b-512"))
-    if all(p.is_file() for p in first + second):
+    if starts and all(p.is_file() for p in first):
         first, second = ([r for p in paths for r in rows(p)] for paths in (first, second))
         same_problems(first, second)
         same = sum(a["completion"] == b["completion"] for a, b in zip(first, second))
-        print(f"\n## beside the test: the two trainings' final/ at 512 tokens, test problems 200-399\n{HEADER}\n"
+        print("\n## beside the test: the two trainings' final/ at 512 tokens, test problems "
+              + ", ".join(f"{s}-{s + 99}" for s in starts) + f"\n{HEADER}\n"
               f"{table_row('run/final', first)}\n{table_row('run-b/final', second)}\nthe same completion, "
               f"character for character, on {same} of {len(first)}; run-b against run: {flips(first, second)[2]}")
     for tokens in (256, 512):          # the 0.5B on the same problems: the first 400 of its 1,119 (200-1318)
