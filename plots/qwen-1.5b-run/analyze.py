@@ -19,9 +19,10 @@ from analyze import HEADER, compare, flips, rows, same_problems, table_row  # no
 CHUNKS = (200, 300, 400, 500)
 
 
-def joined(folder: Path, who: str, tokens: int):
-    """The 400 records of one model at one budget, chunk after chunk; None until every chunk is there."""
-    parts = [folder / f"{who}-{tokens}" / str(start) / "eval.jsonl" for start in CHUNKS]
+def joined(folder: Path, who: str, tokens: int, starts=CHUNKS):
+    """The records of one model at one budget, chunk after chunk (all 400 by default); None until every chunk is
+    there."""
+    parts = [folder / f"{who}-{tokens}" / str(start) / "eval.jsonl" for start in starts]
     return [r for p in parts for r in rows(p)] if all(p.is_file() for p in parts) else None
 
 
@@ -62,10 +63,8 @@ def main(folder="."):
     # Beside, outside the test (plan.md, added 2026-11-28): the second training's final/ on the first's problems
     # (the chunks scored so far: a sitting's end may leave the second undone)
     starts = [s for s in CHUNKS[:2] if (folder / "after-b-512" / str(s) / "eval.jsonl").is_file()]
-    first, second = ([folder / who / str(start) / "eval.jsonl" for start in starts]
-                     for who in ("after-512", "after-b-512"))
-    if starts and all(p.is_file() for p in first):
-        first, second = ([r for p in paths for r in rows(p)] for paths in (first, second))
+    first, second = (joined(folder, who, 512, starts) for who in ("after", "after-b"))
+    if first and second:
         same_problems(first, second)
         same = sum(a["completion"] == b["completion"] for a, b in zip(first, second))
         print("\n## beside the test: the two trainings' final/ at 512 tokens, test problems "
