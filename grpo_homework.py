@@ -179,9 +179,9 @@ class GSM8KDataset(Dataset):
     def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
                  prompt_style="plain", task=None, drop_longer=False):
         self.task, self.tokenizer, self.max_length = task or TASKS["gsm8k"], tokenizer, max_length
-        questions, answers = checked_problems(self.task.load(dataset_path, split), f"{dataset_path} [{split}]")
+        questions, answers, rows = checked_problems(self.task.load(dataset_path, split), f"{dataset_path} [{split}]")
         prompts = [build_prompt(q, tokenizer, prompt_style, self.task.instruction) for q in questions]
-        self.prompts, self.questions, self.answers = prompts, questions, answers
+        self.prompts, self.questions, self.answers, self.rows = prompts, questions, answers, rows   # rows: in split
         self.add_special_tokens = prompt_style != "chat"     # a chat template carries any BOS token itself
         if tokenizer is not None and drop_longer:    # up front, so that every training step has a full batch
             encoded = tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
@@ -189,7 +189,8 @@ class GSM8KDataset(Dataset):
             if len(keep) < len(encoded):
                 print(f"warning: dropped {len(encoded) - len(keep)} of {len(encoded)} prompts longer than "
                       f"{max_length} tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
-            self.prompts, self.questions, self.answers = ([v[i] for i in keep] for v in (prompts, questions, answers))
+            self.prompts, self.questions, self.answers, self.rows = ([v[i] for i in keep] for v in
+                                                                     (prompts, questions, answers, rows))
 
     def __len__(self):
         return len(self.prompts)
@@ -882,6 +883,10 @@ def run_phases(cfg: Config, run_dir: Path, resume: bool) -> dict:
         if phase == "loading" and not (run_dir / "config.json").exists():
             raise UserError(f"{cause} while loading; nothing was kept" + (", so run the same command again" if again
                                                                           else "")) from None
+        if phase == "training" and "probability tensor contains" in str(e):      # torch.multinomial on NaN or inf
+            raise UserError(f"the policy diverged during training (its next-token probabilities hold NaN or inf), and "
+                            f"a resume would fail the same way: start a new run with a lower --learning-rate (now "
+                            f"{cfg.learning_rate:g})") from None
         if phase == "loading" and resume and not again:
             raise UserError(f"{cause} while loading {run_dir} to resume it; the run is as it was") from None
         newest = f" (from checkpoints/{checkpoints[-1].name})" if isinstance(e, OutOfMemory) and \
@@ -986,6 +991,11 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=weight_dtype(dtype_name, device)).to(device)
     except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
         raise UserError(f"cannot load model from {path}: {first_line(e)}") from None
+    # tokenizer_config.json without tokenizer.json loads as a tokenizer of a few special tokens: every completion
+    # would decode empty and score 0, and training would fail on the first token id it cannot hold
+    if len(tokenizer) < model.get_input_embeddings().num_embeddings // 2:
+        raise UserError(f"MODEL_PATH {path}: its tokenizer has {len(tokenizer)} tokens for the model's "
+                        f"{model.get_input_embeddings().num_embeddings} (is tokenizer.json missing?)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     contiguous_lm_head_input(model)      # the KL reference too, which never generates
@@ -1000,8 +1010,8 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 # ----- Command line and validation -----
 
 def flag_name(field_name: str) -> str:
-    """The command-line flag of a Config field: group_size -> --group-size."""
-    return "--" + field_name.replace("_", "-")
+    """The command-line flag of a Config field: group_size -> --group-size (model_path is the positional MODEL_PATH)."""
+    return "MODEL_PATH" if field_name == "model_path" else "--" + field_name.replace("_", "-")
 
 
 def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
@@ -1139,6 +1149,9 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
             raise UserError(f"--resume continues the run in {args.resume}: leave out --output-dir")
         # A --lr-decay run's learning rate was already decayed towards its old last step, which must stay
         may_change = (RESUME_MAY_CHANGE | {"output_dir"}) - ({"max_steps", "num_epochs"} if base.lr_decay else set())
+        if base.eval_only and (idle := sorted(set(explicit) - EVAL_ONLY_FLAGS)):
+            raise UserError(f"{', '.join(map(flag_name, idle))} would do nothing: {args.resume} is an --eval-only "
+                            f"run, which trains nothing")
         if explicit.get("generation_batch_size", base.generation_batch_size) != base.generation_batch_size:
             print(f"warning: --generation-batch-size {base.generation_batch_size} -> "
                   f"{explicit['generation_batch_size']}: the samples from here on differ from those the run would "
@@ -1154,12 +1167,22 @@ def parse_config(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     if explicit.get("task", base.task) != "gsm8k" and "dataset" not in explicit:
         explicit["dataset"] = ""          # ./gsm8k would silently train another task on GSM8K's questions
     cfg = dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit})
-    unused = sorted(set(explicit) - EVAL_ONLY_FLAGS) if cfg.eval_only else \
-        sorted({"lora_alpha", "lora_targets"} & set(explicit)) if not cfg.lora_rank else []
-    if unused:          # a flag that changes nothing would be recorded as if it had
-        raise UserError(f"{', '.join(map(flag_name, unused))} would do nothing " + (
-            "with --eval-only, which trains nothing" if cfg.eval_only else "without --lora-rank (full fine-tuning)"))
+    if cfg.eval_only and (unused := sorted(set(explicit) - EVAL_ONLY_FLAGS)):
+        raise UserError(f"{', '.join(map(flag_name, unused))} would do nothing with --eval-only, which trains nothing")
+    for unused, why in idle_flags(cfg).items():      # a flag that changes nothing would be recorded as if it had
+        if given := [flag_name(name) for name in unused if name in explicit]:
+            raise UserError(f"{', '.join(given)} would do nothing {why}")
     return cfg, args
+
+
+def idle_flags(cfg: Config) -> dict[tuple, str]:
+    """Flags that these settings never read, and why."""
+    reasons = {("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
+               ("clip_eps", "clip_eps_high"): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 "
+                                                                      "(the clip acts from --ppo-epochs 2 on)",
+               ("advantage_eps",): cfg.advantage == "drgrpo" and "with --advantage drgrpo (no division by the std)",
+               ("max_draws",): cfg.signal_groups == 0 and "with --min-signal-groups 0 (a step per batch)"}
+    return {names: why for names, why in reasons.items() if why}
 
 
 def looks_local(path: str) -> bool:
@@ -1221,7 +1244,7 @@ def ctrl_c_latch():
 
 RUN_LOCK = "run.lock"
 RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl", "eval.jsonl",
-              "before_after.md", "plots", "checkpoints", "final", RUN_LOCK}
+              "before_after.md", "plots", "checkpoints", "final", "earlier-ends", RUN_LOCK}
 
 
 def is_run_dir(path: Path) -> bool:
@@ -1349,6 +1372,11 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         if cfg.max_steps and cfg.max_steps < run.start["step"]:        # it would record a limit it went past
             raise UserError(f"--max-steps {cfg.max_steps}: {run_dir} is at step {run.start['step']} already (its "
                             f"newest checkpoint); pass at least that, or leave the flag out")
+        if cfg.num_epochs <= run.start["epoch"]:
+            raise UserError(f"--num-epochs {cfg.num_epochs}: {run_dir} is in epoch {run.start['epoch'] + 1} already "
+                            f"(its newest checkpoint); pass at least that, or leave the flag out")
+        if run.summary.get("finished"):      # trained further: the end it had is no longer this run's end
+            run.summary = set_aside_end(run_dir, run.summary)
         print(f"Resuming from {checkpoint} (step {run.start['step']})")
         run.t_start -= run.summary.get("wall_seconds", 0.0)
         run.saved_step = run.start["step"]
@@ -1356,6 +1384,8 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
         raise UserError(f"{run_dir} finished (--eval-only: its scores are in eval.jsonl)" if cfg.eval_only
                         else f"{run_dir} finished, and it has no checkpoint left to continue from: its trained model "
                         f"is in {run_dir / 'final'}; start a new run from there to train it further")
+    elif resume and cfg.eval_only:
+        print(f"Resuming {run_dir}: scoring {cfg.model_path} again from its first problem")
     elif resume:
         print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
               file=sys.stderr)
@@ -1367,6 +1397,24 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> None:
                 **({"peft": importlib.metadata.version("peft")} if cfg.lora_rank else {})}
     write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": earlier.get("argv", sys.argv),
                                          "resumes": resumes, "processes": 1, "versions": versions, "inputs": inputs})
+
+
+def set_aside_end(run_dir: Path, summary: dict) -> dict:
+    """A finished run trained further: its final/, eval_after.jsonl and before_after.md move to
+    earlier-ends/step-N/ (with that end's summary), so that the run shows only its own end. Returns the summary,
+    unfinished, naming where that end went. A stop part way leaves the rest for the next resume to move."""
+    step = summary.get("steps", 0)
+    folder = own_path(run_dir / "earlier-ends", folder=True) / f"step-{step}"
+    own_path(folder, folder=True).mkdir(parents=True, exist_ok=True)
+    write_json(folder / "summary.json", summary)
+    for name in ("final", "eval_after.jsonl", "before_after.md"):
+        if (run_dir / name).exists():
+            os.replace(own_path(run_dir / name, folder=name == "final"), own_path(folder / name, name == "final"))
+    print(f"{run_dir} had finished at step {step}: its final/ and evaluation after moved to {folder}")
+    ended = {k: v for k, v in summary.items() if k not in ("accuracy_after", "after", "gained", "lost", "sign_test_p")}
+    ended = {**ended, "finished": False, "earlier_ends": summary.get("earlier_ends", []) + [f"earlier-ends/step-{step}"]}
+    write_json(run_dir / "summary.json", ended)
+    return ended
 
 
 def checked_inputs(run: Run, saved: dict, reads_model: bool) -> dict:
@@ -1411,7 +1459,8 @@ def evaluate_before(run: Run) -> None:
     print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} {run.cfg.eval_split} problems, "
           f"format {before['format_rate']:.0%})")
     run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
-                   "wall_seconds": time.perf_counter() - run.t_start, "finished": False}
+                   "wall_seconds": time.perf_counter() - run.t_start, "finished": False,
+                   **{k: run.summary[k] for k in ("earlier_ends",) if k in run.summary}}
     write_json(run.run_dir / "summary.json", run.summary)
 
 
@@ -1426,9 +1475,20 @@ def score_only(run: Run) -> None:
           f"{scores['format_rate']:.0%})")
     run.summary = {"eval_only": True, "accuracy": scores["accuracy"], "evaluation": scores,
                    "scored": {"model": cfg.model_path, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                              "problems": f"{cfg.eval_split} {cfg.eval_start}-{cfg.eval_start + len(records) - 1}"},
+                              "problems": f"{cfg.eval_split} {number_ranges(cfg.eval_start + i for i in run.eval_set.rows)}"},
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": True}
     write_json(run.run_dir / "summary.json", run.summary)
+
+
+def number_ranges(numbers) -> str:
+    """Sorted whole numbers as runs: 0, 1, 2, 5, 7, 8 -> '0-2, 5, 7-8'."""
+    runs = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
 
 
 def checkpoint_now(run: Run) -> None:
@@ -1448,10 +1508,10 @@ def train_phase(run: Run) -> None:
     def on_step(record: dict) -> None:
         run.last_record, run.rng = record, rng_state(run.optimizer)
         run.updates_at_record = getattr(run.optimizer, "updates_begun", 0)
+        metrics_file.write(json.dumps(record) + "\n")     # before the checkpoint: a kill between the two would
+        metrics_file.flush()                              # resume after a step whose row was never written
         if cfg.save_every and record["step"] % cfg.save_every == 0:
             checkpoint_now(run)
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
         run.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - run.t_start)
         write_json(run_dir / "summary.json", run.summary)
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
@@ -2130,7 +2190,8 @@ def load_split(dataset: str, split: str):
             # plain train/test files, datasets infers the splits from the file names under its 'default' config.
             name = "main" if "main" in datasets.get_dataset_config_names(str(local)) else None
             with tempfile.TemporaryDirectory() as cache:
-                rows = datasets.load_dataset(str(local), name, split=split, cache_dir=cache, keep_in_memory=True)
+                rows = datasets.load_dataset(str(local), name, split=split, cache_dir=cache, keep_in_memory=True,
+                                             data_files=None if name else data_files_outside_runs(local))
         else:
             rows = datasets.load_dataset(dataset, "main", split=split)
     except Exception as e:  # datasets raises many types for a bad slice, config or path
@@ -2146,6 +2207,16 @@ def load_split(dataset: str, split: str):
     return enough_rows(rows, split, dataset)
 
 
+def data_files_outside_runs(folder: Path) -> dict:
+    """The split files datasets would infer from `folder`'s file names, less those inside a run folder under it:
+    a run's eval_before.jsonl would be read as a test file (its 'eval'), and a demo's data as training problems."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+    inferred = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    in_run = lambda file: any(is_run_dir(d) for d in Path(file).parents if folder.resolve() in d.resolve().parents)
+    files = {split: [f for f in found if not in_run(f)] for split, found in inferred.items()}
+    return {split: found for split, found in files.items() if found}
+
+
 def enough_rows(rows, split: str, dataset: str = ""):
     """`rows`, unless the split asked for [A:B] and fewer came, or [A:] and none (datasets clamps a slice silently)."""
     asked = re.fullmatch(r"(\w+)\[(\d*):(\d*)\]", split)
@@ -2156,8 +2227,8 @@ def enough_rows(rows, split: str, dataset: str = ""):
     return rows
 
 
-def checked_problems(rows, where: str) -> tuple[list[str], list]:
-    """Questions and golds of GSM8K-format `rows`, or UserError when they cannot train: missing columns, questions
+def checked_problems(rows, where: str) -> tuple[list[str], list, list[int]]:
+    """Questions, golds and row numbers of GSM8K-format `rows` that can train, or UserError when they cannot train: missing columns, questions
     that are not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
     columns = set(rows.column_names) if hasattr(rows, "column_names") else set(rows[0]) if len(rows) else set()
     if len(rows) and (missing := sorted({"question", "answer"} - columns)):
@@ -2177,7 +2248,7 @@ def checked_problems(rows, where: str) -> tuple[list[str], list]:
     skip |= few([i for i, g in enumerate(golds) if g is None and i not in skip], "gold answers give no number",
                 "gold answer gives no number", lambda i: f": {rows[i]!r:.80}", "; GSM8K answers end in '#### <number>'")
     keep = [i for i in range(len(rows)) if i not in skip]
-    return [questions[i] for i in keep], [golds[i] for i in keep]
+    return [questions[i] for i in keep], [golds[i] for i in keep], keep
 
 
 def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path:

@@ -320,7 +320,8 @@ def test_checkpoints_are_ordered_by_step_number_not_by_name(tmp_path):
 ])
 def test_flag_values_that_would_train_wrong_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flag, value, message):
     out = tmp_path / "run"
-    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, flag, value), capsys)
+    clips = ["--ppo-epochs", "2"] if flag.startswith("--clip") else []       # with one epoch the clip is idle
+    code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, *clips, flag, value), capsys)
     assert code == 2 and message in err and not out.exists(), err
 
 
@@ -1245,3 +1246,159 @@ def test_the_model_build_script_reads_its_arguments_before_it_downloads_anything
     result = build(str(tmp_path / "built"), "--size", "1.5b")
     assert result.returncode == 0 and "already holds a model" in result.stdout and "pip" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["built", "full", "work"]
+
+
+# ----- round 6 (#89): what users do to a run -----
+
+def test_a_model_folder_without_its_tokenizer_json_is_refused_not_scored_as_empty(model_dir, gsm8k_dir, tmp_path,
+                                                                                   capsys):
+    """tokenizer_config.json alone loads as a tokenizer of 3 special tokens: --eval-only scored every completion
+    empty (Accuracy 0.00%, exit 0) and training failed on the first token id it could not hold."""
+    bare = shutil.copytree(model_dir, tmp_path / "no-tokenizer-json")
+    (bare / "tokenizer.json").unlink()
+    assert (bare / "tokenizer_config.json").exists()
+    for extra in (["--eval-only"], []):
+        out = tmp_path / f"run{len(extra)}"
+        code, err = main_err([bare, "--dataset", gsm8k_dir, "--output-dir", out, "--device", "cpu", *extra], capsys)
+        assert code == 2 and "its tokenizer has" in err and "tokenizer.json missing" in err, err
+        assert not out.exists()
+
+
+KILL_AFTER_CHECKPOINT = """
+import os, sys
+sys.path.insert(0, {root!r})
+import grpo_homework as gh
+real = gh.save_checkpoint
+def save_then_die(run_dir, model, tokenizer, optimizer, scheduler, record, *rest):
+    path = real(run_dir, model, tokenizer, optimizer, scheduler, record, *rest)
+    if record["step"] == 2:
+        os._exit(9)          # SIGKILL's effect: nothing after the checkpoint runs
+    return path
+gh.save_checkpoint = save_then_die
+sys.exit(gh.main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_just_after_a_checkpoint_loses_no_metrics_row(model_dir, gsm8k_dir, tmp_path):
+    out = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_CHECKPOINT.format(root=str(ROOT)),
+                             *map(str, tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "3", "--save-every", "2"))],
+                            capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert killed.returncode == 9 and (out / "checkpoints" / "step-2").is_dir(), killed.stderr[-2000:]
+    code = gh.main(["--resume", str(out)])
+    assert code == 0
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_a_finished_run_trained_further_moves_its_earlier_end_aside(run_copy, capsys, monkeypatch):
+    """A finished 2-step run continued to 4 and stopped mid-training shows no final/, no evaluation after and no
+    comparison of the end it went past; they are kept in earlier-ends/step-2/, and the summary says so."""
+    earlier = (run_copy / "eval_after.jsonl").read_text()
+    real = gh.generate_completions      # the evaluation before is kept: the first call samples step 3
+    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    code, err = main_err(["--resume", run_copy, "--max-steps", "4"], capsys)
+    assert code == 2 and "failed (boom) during training" in err, err
+    assert not any((run_copy / name).exists() for name in ("final", "eval_after.jsonl", "before_after.md"))
+    kept = run_copy / "earlier-ends" / "step-2"
+    assert (kept / "final" / "model.safetensors").exists() and (kept / "eval_after.jsonl").read_text() == earlier
+    assert json.loads((kept / "summary.json").read_text())["finished"] is True
+    summary = json.loads((run_copy / "summary.json").read_text())
+    assert summary["finished"] is False and "accuracy_after" not in summary and "gained" not in summary
+    assert summary["earlier_ends"] == ["earlier-ends/step-2"] and "accuracy_before" in summary
+    assert gh.main(["--report", str(run_copy)]) == 0 and not (run_copy / "before_after.md").exists()
+    monkeypatch.setattr(gh, "generate_completions", real)
+    assert gh.main(["--resume", str(run_copy)]) == 0
+    summary = json.loads((run_copy / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 4 and summary["earlier_ends"] == ["earlier-ends/step-2"]
+    assert (run_copy / "final").is_dir() and (kept / "final").is_dir()
+
+
+def test_a_run_folder_inside_its_plain_file_data_folder_still_resumes(model_dir, tmp_path):
+    """--dataset . with train.jsonl / test.jsonl and the run in ./runs/grpo: datasets read the run's
+    eval_before.jsonl as a test file ('eval'), and every later run on that data failed (CastError)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, rows in (("train", PROBLEMS), ("test", PROBLEMS[:4])):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = data / "runs" / "grpo"
+    assert gh.main(tiny_args(model_dir, data, out, "--max-steps", "1", "--save-every", "1")) == 0
+    assert gh.main(["--resume", str(out), "--max-steps", "2"]) == 0
+    assert gh.main(tiny_args(model_dir, data, data / "runs" / "second", "--max-steps", "1")) == 0
+    assert len((data / "runs" / "second" / "eval_before.jsonl").read_text().splitlines()) == 4
+
+
+def test_resume_refuses_num_epochs_at_or_below_the_epoch_reached(model_dir, gsm8k_dir, tmp_path, capsys):
+    """4 batches an epoch: step 5 is in epoch 2. A stop during the final evaluation leaves it unfinished there."""
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--num-epochs", "2", "--max-steps", "5", "--save-every",
+                             "5")) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "finished": False}))
+    config = (out / "config.json").read_text()
+    code, err = main_err(["--resume", out, "--num-epochs", "1"], capsys)
+    assert code == 2 and "--num-epochs 1" in err and "in epoch 2 already" in err, err
+    assert (out / "config.json").read_text() == config
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--clip-eps", "0.3"], "with one PPO epoch"), (["--clip-eps-high", "0.28"], "with one PPO epoch"),
+    (["--advantage", "drgrpo", "--advantage-eps", "1e-3"], "with --advantage drgrpo"),
+    (["--min-signal-groups", "0", "--max-draws", "2"], "with --min-signal-groups 0"),
+])
+def test_flags_that_would_do_nothing_are_refused(model_dir, gsm8k_dir, tmp_path, capsys, flags, why):
+    out = tmp_path / "run"
+    code, err = main_err([model_dir, "--dataset", gsm8k_dir, "--output-dir", out, *flags], capsys)
+    assert code == 2 and "would do nothing" in err and why in err and not out.exists(), err
+    flag = flags[-2]         # where the setting is read, the flag is taken
+    enabling = {"--clip-eps": ["--ppo-epochs", "2"], "--clip-eps-high": ["--ppo-epochs", "2"],
+                "--advantage-eps": [], "--max-draws": ["--min-signal-groups", "2"]}[flag]
+    cfg, _ = gh.parse_config([str(model_dir), *enabling, flag, flags[-1]])
+    assert getattr(cfg, flag[2:].replace("-", "_")) == float(flags[-1])
+
+
+def test_resume_of_an_interrupted_eval_only_run_takes_no_training_flags(model_dir, gsm8k_dir, tmp_path, capsys):
+    out = tmp_path / "scores"
+    assert gh.main([str(model_dir), "--dataset", str(gsm8k_dir), "--output-dir", str(out), "--device", "cpu",
+                    "--eval-only", "--eval-size", "2", "--max-new-tokens", "4"]) == 0
+    for name in ("summary.json", "eval.jsonl"):         # as a stop during the scoring leaves it
+        (out / name).unlink()
+    capsys.readouterr()
+    config = (out / "config.json").read_text()
+    for flags in (["--max-steps", "3"], ["--micro-batch-size", "2"], ["--save-every", "1"]):
+        code, err = main_err(["--resume", out, *flags], capsys)
+        assert code == 2 and "would do nothing" in err and "--eval-only run" in err, err
+    assert (out / "config.json").read_text() == config
+    assert gh.main(["--resume", str(out), "--eval-batch-size", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "scoring" in captured.out and "training starts" not in captured.err
+    assert json.loads((out / "summary.json").read_text())["scored"]["problems"] == "test 0-1"
+
+
+def test_eval_only_names_the_problems_it_scored_when_long_prompts_are_dropped(model_dir, tmp_path, capsys):
+    rows = [{"question": f"Q{i}: " + ("a long long question " * 20 if i % 3 == 1 else "short?"),
+             "answer": f"#### {i}"} for i in range(10)]
+    data = gh.write_hub_dataset(tmp_path / "data", {"train": rows, "test": rows})
+    out = tmp_path / "scores"
+    assert gh.main([str(model_dir), "--dataset", str(data), "--output-dir", str(out), "--device", "cpu",
+                    "--eval-only", "--max-new-tokens", "2", "--max-prompt-length", "100", "--eval-start", "1",
+                    "--prompt-style", "plain"]) == 0
+    scored = json.loads((out / "summary.json").read_text())["scored"]["problems"]
+    assert scored == "test 2-3, 5-6, 8-9"      # 1, 4 and 7 are long
+    assert gh.number_ranges([7, 0, 1, 2, 5]) == "0-2, 5, 7" and gh.number_ranges([]) == ""
+
+
+def test_a_diverged_run_names_the_learning_rate_not_a_resume(warm_model_dir, addition_dir, tmp_path):
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, SCRIPT, *tiny_args(warm_model_dir, addition_dir, out, "--prompt-style",
+                                                                "plain", "--batch-size", "4", "--train-size", "0",
+                                                                "--learning-rate", "1e30", "--max-steps", "6")],
+                            capture_output=True, text=True, env=cli_env(), timeout=300)
+    err = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "diverged" in err and "--learning-rate (now 1e+30)" in err, result.stderr[-2000:]
+    assert "--resume" not in err and "Traceback" not in result.stderr
+
+
+def test_resume_names_model_path_as_the_positional_argument_it_is(run_copy, capsys):
+    code, err = main_err(["--resume", run_copy, "/some/other/model", "--max-steps", "3"], capsys)
+    assert code == 2 and "--resume cannot change MODEL_PATH" in err and "--model-path" not in err, err
