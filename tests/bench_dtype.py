@@ -36,7 +36,7 @@ def measure(args, dtype: str) -> dict:
     device = torch.device("cpu")
     torch.manual_seed(0)
     model, tokenizer = gh.load_model_and_tokenizer(args.model, device, dtype)
-    cfg = dataclasses.replace(gh.Config(), dataset=args.dataset, batch_size=args.batch_size,
+    cfg = dataclasses.replace(gh.RunConfig(), dataset=args.dataset, batch_size=args.batch_size,
                               group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=1.0,
                               micro_batch_size=args.micro_batch_size, generation_batch_size=64,
                               eval_batch_size=args.eval_size, learning_rate=1e-6)
@@ -46,13 +46,13 @@ def measure(args, dtype: str) -> dict:
     warm = dataclasses.replace(cfg, group_size=2, max_new_tokens=4, micro_batch_size=2)
     small = {k: v[:1] if torch.is_tensor(v) or isinstance(v, list) else v for k, v in batch.items()}
     warm_rollout = sampled_rollout(model, tokenizer, small, warm, device)
-    gh.grpo_update(model, optimizer, dataclasses.replace(warm_rollout, advantages=torch.ones(2)), warm)
+    gh.update_once(model, optimizer, dataclasses.replace(warm_rollout, advantages=torch.ones(2)), warm)
     out = {}
     torch.manual_seed(1)
     out["generation"], rollout = timed(lambda: sampled_rollout(model, tokenizer, batch, cfg, device))
     spread = dataclasses.replace(rollout, advantages=torch.randn(rollout.advantages.shape,
                                                                  generator=torch.Generator().manual_seed(0)))
-    out["update"], _ = timed(lambda: gh.grpo_update(model, optimizer, spread, cfg))
+    out["update"], _ = timed(lambda: gh.update_once(model, optimizer, spread, cfg))
     model.requires_grad_(False)
     eval_set = gh.GSM8KDataset(f"test[:{args.eval_size}]", tokenizer, dataset_path=args.dataset)
     out["evaluation (frozen weights)"], _ = timed(lambda: gh.evaluate(model, tokenizer, eval_set, cfg, device))

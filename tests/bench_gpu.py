@@ -88,7 +88,7 @@ def synthetic_batch(cfg, prompt_tokens: int, device) -> dict:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device, first_tokens: int = 0) -> dict:
+def training_steps(model, cfg: gh.RunConfig, steps: int, prompt_tokens: int, device, first_tokens: int = 0) -> dict:
     """Rollout + update per step, as train_grpo runs them, with random rewards so every group has signal.
     first_tokens: the untimed first step generates only this many (its optimizer step allocates the moments, so
     the second step's peak is a run's, at a fraction of a long first generation's seconds)."""
@@ -114,7 +114,7 @@ def training_steps(model, cfg: gh.Config, steps: int, prompt_tokens: int, device
                              sample["prompt_length"], sample["completions"], rewards,
                              gh.compute_advantages_grpo(rewards, cfg.group_size), sample["truncated"].cpu(),
                              sample["completion_lengths"].cpu())
-        gh.grpo_update(model, optimizer, rollout, cfg)
+        gh.update_once(model, optimizer, rollout, cfg)
         sync(device)
         t2 = time.perf_counter()
         peak = f", peak allocated {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else ""
@@ -166,7 +166,7 @@ def continuous_batching(model, rows: torch.Tensor, config) -> tuple[torch.Tensor
     return tokens.to(rows.device), [o.logprobs for o in ordered], seconds
 
 
-def generation_four_ways(model, cfg: gh.Config, prompt_tokens: int, device) -> dict:
+def generation_four_ways(model, cfg: gh.RunConfig, prompt_tokens: int, device) -> dict:
     """Greedy tokens/s: the pipeline's generate call, a static KV cache, a static cache + torch.compile, and
     continuous batching; then whether continuous batching samples the distribution the pipeline scores."""
     from transformers import CompileConfig
@@ -229,10 +229,10 @@ def main(argv=None):
                         help="new tokens of the untimed first step (0 = --max-new-tokens): a cheaper warm-up")
     sizes = ("batch_size", "group_size", "max_new_tokens", "micro_batch_size", "generation_batch_size", "lora_rank")
     for name in sizes:
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(gh.Config, name))
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(gh.RunConfig, name))
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    cfg = gh.Config(**{k: getattr(args, k) for k in sizes})
+    cfg = gh.RunConfig(**{k: getattr(args, k) for k in sizes})
     gh.validate_config(cfg)
     model = build_model(args.layers, device, args.hidden_size, args.fp32)
     if cfg.lora_rank:                         # the CLI's --lora-rank: peft adapters (fp32) on the bf16 body

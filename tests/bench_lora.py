@@ -36,7 +36,7 @@ def rss_mb(field: str) -> float:
 
 def measure(args) -> dict:
     """One mode's figures, in this process."""
-    cfg = dataclasses.replace(gh.Config(), task="arithmetic", batch_size=args.batch_size, group_size=args.group_size,
+    cfg = dataclasses.replace(gh.RunConfig(), task="arithmetic", batch_size=args.batch_size, group_size=args.group_size,
                               max_new_tokens=args.max_new_tokens, temperature=0.7, micro_batch_size=8,
                               generation_batch_size=args.batch_size * args.group_size, learning_rate=1e-5,
                               lora_rank=args.lora_rank if args.mode == "lora" else 0, gradient_checkpointing="off")
@@ -66,7 +66,7 @@ def measure(args) -> dict:
             seconds["optimizer"] = time.perf_counter() - t
         gh.optimizer_step = timed_step
         try:
-            gh.grpo_update(model, optimizer, rollout, cfg)
+            gh.update_once(model, optimizer, rollout, cfg)
         finally:
             gh.optimizer_step = real_step
         t2 = time.perf_counter()

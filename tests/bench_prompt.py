@@ -59,7 +59,7 @@ def main() -> None:
         return
     torch.set_grad_enabled(False)
     model, tokenizer = gh.load_model_and_tokenizer(args.model, torch.device("cpu"), args.dtype)
-    cfg = gh.Config(max_new_tokens=args.max_new_tokens, eval_batch_size=args.eval_batch_size,
+    cfg = gh.RunConfig(max_new_tokens=args.max_new_tokens, eval_batch_size=args.eval_batch_size,
                     group_size=args.group_size, generation_batch_size=args.groups * args.group_size)
     results = {"model": args.model, "settings": vars(args), "greedy": {}, "sampled": {}}
     chosen = {name: INSTRUCTIONS[name] for name in args.instructions}

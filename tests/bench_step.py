@@ -87,10 +87,10 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
         with patched(patches):
             out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(model, rollout,
                                                                                                  cfg)),
-               "update, every group with spread": timed(lambda: gh.grpo_update(model, optimizer, spread, cfg))}
+               "update, every group with spread": timed(lambda: gh.update_once(model, optimizer, spread, cfg))}
             model.load_state_dict(weights)
             optimizer.load_state_dict(state)
-            out["update, no group with spread"] = timed(lambda: gh.grpo_update(model, optimizer, silent, cfg))
+            out["update, no group with spread"] = timed(lambda: gh.update_once(model, optimizer, silent, cfg))
     finally:
         model.load_state_dict(weights)
         optimizer.load_state_dict(state)
@@ -153,7 +153,7 @@ def main():
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
-    cfg = dataclasses.replace(gh.Config(), task=args.task, batch_size=args.batch_size, group_size=args.group_size,
+    cfg = dataclasses.replace(gh.RunConfig(), task=args.task, batch_size=args.batch_size, group_size=args.group_size,
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               micro_batch_size=args.micro_batch_size, generation_batch_size=64,
                               learning_rate=1e-6, gradient_checkpointing="off")

@@ -268,7 +268,7 @@ def test_out_of_memory_in_the_optimizer_step_is_final_not_retried(model_and_toke
         raise error
     monkeypatch.setattr(optimizer, "step", step_that_runs_out)
     with pytest.raises(gh.UserError) as caught:
-        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.grpo_update(model, optimizer, rollout, cfg))
+        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.update_once(model, optimizer, rollout, cfg))
     message = str(caught.value)
     assert steps == [1] and cfg.micro_batch_size == 4
     assert "optimizer step" in message and "AdamW moments" in message and "--lora-rank 16" in message
@@ -295,14 +295,14 @@ def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenize
         return real(*args, **kwargs)
     monkeypatch.setattr(gh, "compute_logprobs_from_model", logprobs)
     with pytest.raises(gh.OutOfMemory, match="not retried") as caught:
-        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.grpo_update(model, optimizer, rollout, cfg), optimizer)
+        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.update_once(model, optimizer, rollout, cfg), optimizer)
     assert all(state["step"] == 1 for state in optimizer.state.values()), fails_in
     assert cfg.micro_batch_size == 4 and caught.value.resume_flags == " --micro-batch-size 2"
 
 
 def test_out_of_memory_at_the_smallest_batch_mid_run_names_the_checkpoint_and_a_resume_that_works(
         model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch):
-    out, real, calls = tmp_path / "run", gh.grpo_update, []
+    out, real, calls = tmp_path / "run", gh.update_once, []
 
     def update(*args, **kwargs):
         calls.append(1)
@@ -455,7 +455,7 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     def reward(completions, golds, **kwargs):
         return torch.tensor([float(g % 2 == 0 and i % 4 == 0) for i, g in enumerate(golds)])
     updated = []
-    real_update = gh.grpo_update
+    real_update = gh.update_once
     monkeypatch.setattr(gh, "compute_reward", reward)
     monkeypatch.setattr(gh, "grpo_update", lambda model, opt, rollout, *a, **k: updated.append(
         rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_update(model, opt, rollout, *a, **k))

@@ -104,9 +104,8 @@ def sampled_and_updated(monkeypatch, completions: list[str]) -> list:
         "output_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
         "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
         "completions": completions, "completion_lengths": torch.tensor([2, 2])})
-    seen, real_update = [], gh.grpo_update
-    monkeypatch.setattr(gh, "grpo_update", lambda model, optimizer, rollout, *a, **k: seen.append(rollout) or
-                        real_update(model, optimizer, rollout, *a, **k))
+    seen, real_rollout = [], gh.rollout_from
+    monkeypatch.setattr(gh, "rollout_from", lambda *a, **k: seen.append(real_rollout(*a, **k)) or seen[-1])
     return seen
 
 
@@ -127,12 +126,13 @@ def test_train_grpo_called_with_the_templates_arguments_takes_a_step_per_batch(m
     """The template's loop: each batch is a step, even with no reward spread anywhere (the run's default would
     draw the next batches into the same step)."""
     model, tokenizer = model_and_tokenizer
-    sampled_and_updated(monkeypatch, ["#### 5", "#### 5"])
+    seen = sampled_and_updated(monkeypatch, ["#### 5", "#### 5"])
     batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
              "answers": [5.0]}
     history = gh.train_grpo(model, tokenizer, [batch] * 3, torch.optim.SGD(model.parameters(), lr=0.0), "cpu",
                             1, 2, 0.2, 4)
-    assert [(h["step"], h["prompts_drawn"], h["no_signal"]) for h in history] == [(s, 1, True) for s in (1, 2, 3)]
+    assert [(h["step"], h["no_signal"]) for h in history] == [(s, True) for s in (1, 2, 3)]
+    assert len(seen) == 3                              # each step sampled one batch
 
 
 def test_train_grpo_reads_the_gold_from_a_default_collated_answer_key(model_and_tokenizer, monkeypatch):

@@ -44,7 +44,7 @@ def test_demo_is_deterministic_per_seed_and_its_splits_are_disjoint(tmp_path):
     small = gh.DemoConfig(train_problems=200, test_problems=20, warmup_max_steps=25, warmup_target=1.1)
 
     def run(name: str, seed: int):
-        cfg = dataclasses.replace(gh.demo_grpo_config(gh.Config()), seed=seed, max_steps=3, batch_size=4,
+        cfg = dataclasses.replace(gh.demo_grpo_config(gh.RunConfig()), seed=seed, max_steps=3, batch_size=4,
                                   plot_every=0, show_examples=0, output_dir=str(tmp_path / name))
         gh.run_demo(cfg, small)
         data = tmp_path / name / "demo_data"

@@ -90,8 +90,9 @@ def test_policy_loss_hand_computed():
     logprobs, old, adv, mask = _hand_case()
     # row 0 (A=+1): -min(r, clip(r)) = [-1, -1.2, -0.5] -> mean -0.9
     # row 1 (A=-2): -min(-2r, -2 clip(r)) = [3, 1.6] (third token masked) -> mean 2.3
-    loss, stats = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, return_stats=True)
+    loss = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2)
     assert loss.item() == pytest.approx((-0.9 + 2.3) / 2)
+    stats = gh.clip_stats(logprobs, old, mask, 0.2)     # ratios 1.5, 0.5, 1.5, 0.5 of 5 tokens are past the clip
     assert stats["clipfrac"] == pytest.approx(4 / 5)
     token_mean = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, loss_agg="token-mean")
     assert token_mean.item() == pytest.approx((-1 - 1.2 - 0.5 + 3 + 1.6) / 5)
@@ -583,7 +584,7 @@ def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_token
     for micro in (12, 5, 1):
         for p, s in zip(model.parameters(), start):
             p.data.copy_(s)
-        gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout,
+        gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout,
                        dataclasses.replace(cfg, micro_batch_size=micro), ref_model=ref)
         deltas.append(torch.cat([(p.detach() - s).flatten() for p, s in zip(model.parameters(), start)]))
     assert deltas[0].abs().sum() > 0
@@ -615,7 +616,7 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
         return real_logprobs(model, input_ids, *args, **kwargs)
     gh.compute_logprobs_from_model = counting
     try:
-        gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+        gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     finally:
         gh.compute_logprobs_from_model = real_logprobs
     assert sum(rows_seen) == 8                                          # 12 rows, the zero group never ran
@@ -633,12 +634,12 @@ def test_a_step_without_signal_runs_no_pass_and_moves_neither_weights_nor_optimi
     silent = _rollout(model, tok, cfg, seed=1)
     silent.advantages.zero_()
     optimizer = gh.build_optimizer(model.parameters(), lr=1e-2)
-    gh.grpo_update(model, optimizer, signal, cfg)                  # momentum now non-zero
+    gh.update_once(model, optimizer, signal, cfg)                  # momentum now non-zero
     weights, state = [p.detach().clone() for p in model.parameters()], copy.deepcopy(optimizer.state_dict())
     rows_seen = []
     hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
                                                  with_kwargs=True)
-    stats = gh.grpo_update(model, optimizer, silent, cfg)
+    stats = gh.update_once(model, optimizer, silent, cfg)
     hook.remove()
     assert rows_seen == [] and stats["no_signal"] and stats["skipped"] == 1 and stats["grad_norm"] == 0.0
     assert stats["entropy"] is None and stats["policy_kl"] == 0.0   # not measured: logged as absent, not as 0
@@ -657,9 +658,9 @@ def test_policy_kl_is_the_kl_from_the_policy_before_the_step_to_after_on_the_fir
     logprobs = lambda: gh.compute_logprobs_from_model(model, rollout.output_ids[rows], rollout.attention_mask[rows],
                                                       temperature=cfg.temperature,
                                                       prompt_length=rollout.prompt_length).detach()
-    assert gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, cfg)["policy_kl"] < 1e-7
+    assert gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, cfg)["policy_kl"] < 1e-7
     before = logprobs()
-    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
+    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
     expected = gh.masked_token_mean(gh.kl_k3(before, logprobs()), rollout.loss_mask[rows]).item()
     assert stats["approx_kl"] == 0.0 and stats["policy_kl"] > 1e-4
     assert stats["policy_kl"] == pytest.approx(expected, rel=1e-4)
@@ -689,7 +690,7 @@ def test_groups_with_signal_keeps_groups_whose_rewards_differ_first_then_makes_u
     rewards = torch.tensor([1., 1, 0, 1, 0, 0, 1, 0])             # groups of 2: [1 1] [0 1] [0 0] [1 0]
     rollout = gh.Rollout(torch.arange(16).view(8, 2), torch.ones(8, 2), torch.ones(8, 2, dtype=torch.bool), 1,
                          list("abcdefgh"), rewards, rewards - 0.5, torch.zeros(8, dtype=torch.bool), torch.ones(8))
-    cfg = gh.Config(group_size=2, batch_size=2, min_signal_groups=2)
+    cfg = gh.RunConfig(group_size=2, batch_size=2, min_signal_groups=2)
     assert gh.groups_with_signal(rollout, cfg).completions == list("cdgh")
     assert gh.groups_with_signal(rollout, dataclasses.replace(cfg, min_signal_groups=1)).completions == \
         list("cdgh")                                                # a floor: --batch-size groups, spread first
@@ -702,9 +703,9 @@ def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epoch
     model, tok = model_and_tokenizer
     cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
     rollout = _rollout(model, tok, cfg)
-    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
+    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
     assert stats["clipfrac"] == 0.0 and stats["approx_kl"] == 0.0 and stats["skipped"] == 0
-    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout,
+    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout,
                            dataclasses.replace(cfg, ppo_epochs=3))
     assert stats["approx_kl"] > 0                               # later epochs see the moved policy
 
@@ -724,7 +725,7 @@ def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_token
     rollout = _rollout(model, tok, cfg)
     rollout.loss_mask[:] = False                          # as if every completion had been cut and masked
     before = [p.detach().clone() for p in model.parameters()]
-    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     assert stats["loss"] == 0.0 and stats["no_signal"] and stats["skipped"] == 1      # no token, so no step
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
@@ -750,7 +751,7 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
             return real(model, input_ids, *args, **kwargs)
         with monkeypatch.context() as patch:
             patch.setattr(gh, "compute_logprobs_from_model", counting)
-            gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+            gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
         return sum(rows_seen), [p.detach().clone() for p in model.parameters()]
 
     rows_run, ours = update()
@@ -767,7 +768,7 @@ def test_non_finite_update_is_skipped(model_and_tokenizer):
     rollout = _rollout(model, tok, cfg)
     rollout.advantages[0] = float("nan")
     before = [p.detach().clone() for p in model.parameters()]
-    stats = gh.grpo_update(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     assert stats["skipped"] == 1
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 

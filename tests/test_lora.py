@@ -148,7 +148,7 @@ def test_under_lora_the_kl_reference_is_the_model_with_its_adapters_off(model_di
     with its adapters switched off, so the KL equals the one to a separately loaded starting model; the adapted
     model against itself would give 0. The adapters are on again after it."""
     from test_grpo import _rollout_of
-    cpu, cfg = torch.device("cpu"), gh.Config(lora_rank=4, lora_alpha=8, group_size=4, max_new_tokens=6,
+    cpu, cfg = torch.device("cpu"), gh.RunConfig(lora_rank=4, lora_alpha=8, group_size=4, max_new_tokens=6,
                                               kl_coef=0.1, max_grad_norm=1e9)
     starting, tok = gh.load_model_and_tokenizer(str(model_dir), cpu, "float32")
     model = gh.with_lora(gh.load_model_and_tokenizer(str(model_dir), cpu, "float32")[0], cfg, None)
@@ -158,8 +158,8 @@ def test_under_lora_the_kl_reference_is_the_model_with_its_adapters_off(model_di
             p.data.normal_(0, 0.5)
     rollout = _rollout_of(model, tok, cfg, ["1 + 2 =", "3 + 4 ="])
     frozen = lambda: torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    own = gh.grpo_update(model, frozen(), rollout, cfg, ref_model=model)["kl_ref"]
-    copy = gh.grpo_update(model, frozen(), rollout, cfg, ref_model=starting)["kl_ref"]
+    own = gh.update_once(model, frozen(), rollout, cfg, ref_model=model)["kl_ref"]
+    copy = gh.update_once(model, frozen(), rollout, cfg, ref_model=starting)["kl_ref"]
     assert own > 1e-4 and own == pytest.approx(copy, rel=1e-5), (own, copy)
     lp = lambda m: gh.compute_logprobs_from_model(m, rollout.output_ids, rollout.attention_mask)
     assert not torch.allclose(lp(model), lp(starting), atol=1e-3)                    # the adapters are back on

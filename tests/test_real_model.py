@@ -80,7 +80,7 @@ def test_under_lora_the_scorer_still_scores_what_the_sampler_sampled(smollm2):
     pytest.importorskip("peft")
     _, tokenizer = smollm2
     model = gh.load_model_and_tokenizer(str(SMOLLM2), torch.device("cpu"), "float32")[0]
-    model = gh.with_lora(model, gh.Config(lora_rank=8, lora_alpha=16), None)
+    model = gh.with_lora(model, gh.RunConfig(lora_rank=8, lora_alpha=16), None)
     torch.manual_seed(2)
     with torch.no_grad():                                # adapters that move the distribution (B starts at 0)
         for name, p in model.named_parameters():
