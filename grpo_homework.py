@@ -1,16 +1,15 @@
 r"""GRPO on GSM8K: train an instruct LLM (Qwen2.5-1.5B-Instruct) to solve grade-school math, on one CUDA GPU.
 
-For each batch of problems the policy samples a group of completions per prompt, each rewarded 1 when its final
-number is the gold answer; each reward is compared with its group's (the advantage), and the policy takes a
-PPO-style clipped step on its own samples. README.md explains the choices; report.md shows what came of them.
+The policy samples a group of completions per problem, each rewarded 1 when its final number is the gold answer, and
+takes a PPO-style clipped step on advantages relative to its group (README.md: the choices; report.md: results).
 
     python grpo_homework.py --demo               # a tiny model learns addition on a CPU in minutes
     python grpo_homework.py MODEL_PATH           # the homework run: GSM8K in ./gsm8k, one 24 GB GPU
     python grpo_homework.py --resume RUN_DIR     # finish a stopped run, or train a finished one further
     python grpo_homework.py --report RUN_DIR     # redraw a run's plots and before_after.md
 
-The homework is the template filled in: Configuration, Parts 1-4 (TODOs 1-5) and Part 5 (main). It ends at the
-banner "WHAT SUPPORTS THE RUN"; what a real run adds there reaches the loop through LoopHooks alone.
+The homework, the template filled in (Configuration, Parts 1-4 with TODOs 1-5, Part 5: main), ends at the banner
+"WHAT SUPPORTS THE RUN"; what a real run adds below it reaches the loop through LoopHooks alone.
 """
 
 import contextlib
@@ -65,9 +64,8 @@ class Config:
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
     max_grad_norm: float = _flag(1.0, "gradient clipping norm")
     max_steps: int = _flag(200, "stop after this many steps (0 = no limit)")
-    # memory only: gradients accumulate exactly, and a batch is halved on CUDA out-of-memory
     generation_batch_size: int = _flag(64, "sequences per generate call (halved automatically on CUDA OOM)")
-    micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate)")
+    micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate exactly)")
     eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
 
 
@@ -78,8 +76,7 @@ GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer withi
 
 
 def build_prompt(question: str, tokenizer=None, style: str = "plain", instruction: str = GSM8K_INSTRUCTION) -> str:
-    """The tokenizer's chat template asking for the task's answer format, or the template's plain prompt (after the
-    instruction, for tasks other than GSM8K, whose answer form the plain prompt does not ask for)."""
+    """The chat template asking for the answer's form, or the template's prompt (after a task's own instruction)."""
     if style == "chat":
         if not getattr(tokenizer, "chat_template", None):   # falling back to plain would mislabel the run
             raise ValueError("the tokenizer has no chat template: pass --prompt-style plain")
@@ -93,45 +90,24 @@ def build_prompt(question: str, tokenizer=None, style: str = "plain", instructio
     return plain if instruction == GSM8K_INSTRUCTION else f"{instruction}\n\n{plain}"
 
 
-def load_gsm8k(dataset_path: str, split: str, data_files=None):
-    """load_dataset(dataset_path, "main", split=split), as the template loads GSM8K. A folder without the hub's
-    README.md (hf download --include "main/*") or of plain train/test files has no config 'main': datasets infers
-    its splits from the file names. A fresh cache for a folder: datasets keys it on the name, not the content."""
-    import datasets
-    local = Path(dataset_path).is_dir()
-    name = "main" if not local or "main" in datasets.get_dataset_config_names(dataset_path) else None
-    with tempfile.TemporaryDirectory() as cache:
-        return datasets.load_dataset(dataset_path, name, split=split, data_files=None if name else data_files,
-                                     **({"cache_dir": cache, "keep_in_memory": True} if local else {}))
-
-
 class GSM8KDataset(Dataset):
-    """GSM8K problems as tokenized prompts plus the gold number, unpadded (the collate pads). A prompt over max_length
-    tokens is cut to it, as the template's call would; drop_longer drops it (the run's choice: a cut question is
-    another question). A run passes its `task` (below the banner), which checks the problems it loads or generates.
-    `rows`: each problem's position in its split."""
+    """GSM8K problems as tokenized prompts plus the gold number, unpadded (the collate pads), cut at max_length tokens.
+    A run passes its `task`: the problems it loads, checks or generates, their `rows` in the split, its instruction."""
 
     def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
-                 prompt_style="plain", task=None, drop_longer=False):
+                 prompt_style="plain", task=None):
+        if task is None:            # the template's loading; a folder without the hub's README.md has no config 'main'
+            import datasets
+            config = "main" if "main" in datasets.get_dataset_config_names(dataset_path) else None
+            with tempfile.TemporaryDirectory() as cache:      # datasets keys a folder's cache on its name alone
+                data = datasets.load_dataset(dataset_path, config, split=split, **(
+                    {"cache_dir": cache, "keep_in_memory": True} if Path(dataset_path).is_dir() else {}))
+            problems = list(data["question"]), [self.extract_answer(a) for a in data["answer"]], list(range(len(data)))
+        self.questions, self.answers, self.rows = problems if task is None else task.problems(dataset_path, split)
+        self.prompts = [build_prompt(q, tokenizer, prompt_style, getattr(task, "instruction", GSM8K_INSTRUCTION))
+                        for q in self.questions]
         self.tokenizer, self.max_length = tokenizer, max_length
-        if task is None:            # the template's loading
-            data = load_gsm8k(dataset_path, split)
-            questions, rows = data["question"], range(len(data))
-            answers = [self.extract_answer(a) for a in data["answer"]]
-        else:
-            questions, answers, rows = task.problems(dataset_path, split)
-        prompts = [build_prompt(q, tokenizer, prompt_style, getattr(task, "instruction", GSM8K_INSTRUCTION))
-                   for q in questions]
         self.add_special_tokens = prompt_style != "chat"     # a chat template carries any BOS token itself
-        keep = range(len(prompts))
-        if tokenizer is not None and drop_longer:    # up front, so that every training step has a full batch
-            encoded = tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
-            keep = [i for i, ids in enumerate(encoded) if len(ids) <= max_length]
-            if len(keep) < len(encoded):
-                print(f"warning: dropped {len(encoded) - len(keep)} of {len(encoded)} prompts longer than "
-                      f"{max_length} tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
-        self.prompts, self.questions, self.answers, self.rows = ([v[i] for i in keep] for v in
-                                                                 (prompts, questions, answers, rows))
 
     def __len__(self):
         return len(self.prompts)
@@ -147,8 +123,7 @@ class GSM8KDataset(Dataset):
 
     @staticmethod
     def extract_answer(answer_str):
-        """Gold number after a GSM8K answer's last '####', thousands separators removed (an int or float is taken
-        as it is); None for anything else, a string without '####' ("72") included."""
+        """Gold number after a GSM8K answer's last '####' (a number as it is); None for anything else, "72" included."""
         if isinstance(answer_str, (int, float)) and not isinstance(answer_str, bool):
             return float(answer_str) if math.isfinite(answer_str) else None
         if not isinstance(answer_str, str) or "####" not in answer_str:
@@ -168,10 +143,9 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
 # ===== Part 2: reward ==============================================================================================
 
 # A number is a whole token: optional sign and currency sign, digits with thousands separators only in groups of
-# three, an optional decimal part, then nothing but closing punctuation before white space or the end. So "1,234.",
-# "$-5" and LaTeX's "-\$5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are not (no number, not a misread prefix).
-# Every quantifier is bounded by a character class that cannot overlap its neighbour: matching stays linear.
-# In \boxed{...} (Qwen2.5's answer form) the brace ends the token, so LaTeX may follow: \(\boxed{\$1,234}\).
+# three, an optional decimal part, then only closing punctuation before white space or the end: "1,234.", "$-5" and
+# "-\$5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are none (not a misread prefix). No two neighbouring classes
+# overlap: matching stays linear. In \boxed{...} (Qwen2.5's form) the brace ends it: \(\boxed{\$1,234}\).
 _DIGITS = r"-?\s?(?:\\?\$)?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _NUMBER = _DIGITS + r"(?=[.,;:!?%)*}\]]*(?:\s|$))"
 _BOXED = r"\\boxed\{[ \t]*(" + _DIGITS + r")[ \t]*\}"
@@ -210,14 +184,14 @@ def gsm8k_reward(completion: str, gold: float) -> float:
 
 
 def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, strict_answer=False):
-    """1.0 per completion whose final number equals the gold answer, else 0.0; plus `format_reward` if well formed.
-    With `strict_answer`, a right answer counts only in the well-formed final line."""
+    """1.0 per completion whose final number is the gold, else 0.0; plus `format_reward` if well formed (with
+    `strict_answer`, a right answer counts only there)."""
     golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
-    formed = [is_well_formed_gsm8k(c) for c in completions]
     return torch.tensor([gsm8k_reward(c, g) * (ok or not strict_answer) + format_reward * ok
-                         for c, g, ok in zip(completions, golds, formed)], dtype=torch.float32)
+                         for c, g, ok in zip(completions, golds, map(is_well_formed_gsm8k, completions))],
+                        dtype=torch.float32)
 
 
 # ===== Part 3: GRPO algorithm (pure tensor functions) ==============================================================
@@ -279,22 +253,16 @@ def kl_k3(logprobs, ref_logprobs):
     return torch.exp(logratio) - logratio - 1.0
 
 
-def log_ratio(logprobs, old_logprobs, mask) -> torch.Tensor:
-    """[batch, seq] log(pi / pi_old) in fp32 or wider, 0 where masked: selection, not multiplication, so garbage (even
-    inf) at masked positions never reaches the loss or its gradient; clamped to stay finite through exp."""
-    logratio = torch.where(mask, at_least_fp32(logprobs) - at_least_fp32(old_logprobs), 0.0)
-    return logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
-
-
 # ----- TODO 3: the clipped policy-gradient loss -----
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
                         loss_agg="seq-mean", num_tokens=None):
-    """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per completion token, A broadcast over its row's
-    tokens. The default reduction is the template's and the GRPO paper's mean per completion, then over completions;
-    the runs pass loss_agg="drgrpo" (Config's default): Dr. GRPO's sum / (num_tokens * rows), since the mean per
-    completion weighs a long answer's tokens less. clip_eps_high (DAPO) widens the upper edge; -1 or None: clip_eps."""
+    """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per completion token. The default reduction is the
+    template's (the GRPO paper's mean per completion, then over completions); the runs pass Config's loss_agg="drgrpo",
+    Dr. GRPO's sum / (num_tokens * rows): a long answer's tokens weigh as much. clip_eps_high: DAPO's upper edge."""
     mask = loss_mask.bool()                                                  # [batch, seq]
-    ratio = torch.exp(log_ratio(logprobs, old_logprobs, mask))              # [batch, seq]
+    # Selection, not multiplication: garbage (even inf) at masked positions must not reach the loss or gradient
+    logratio = torch.where(mask, at_least_fp32(logprobs) - at_least_fp32(old_logprobs), 0.0)
+    ratio = torch.exp(logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP))       # [batch, seq]
     adv = torch.as_tensor(advantages).to(ratio)                              # [batch] or [batch, 1]: one per row
     adv = adv.reshape(-1, 1) if adv.numel() == len(ratio) else adv           # [batch, 1]; per token: [batch, seq]
     high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
@@ -308,7 +276,8 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
 def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=None) -> dict:
     """TODO 3's statistics: the share of tokens whose ratio is past the clip, and approx_kl (k3 of KL(old || new))."""
     mask = loss_mask.bool()
-    logratio = log_ratio(logprobs, old_logprobs, mask)
+    logratio = torch.where(mask, at_least_fp32(logprobs) - at_least_fp32(old_logprobs), 0.0)
+    logratio = logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
     ratio = torch.exp(logratio)
     high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
     return {"clipfrac": masked_token_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).float(), mask).item(),
@@ -338,9 +307,8 @@ def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int],
 
 @contextlib.contextmanager
 def inference_mode(model):
-    """Eval mode for generation: HF turns the KV cache off in training mode when checkpointing is on."""
-    was_training = model.training
-    model.eval()
+    """Eval mode, no gradient: HF turns the KV cache off in training mode when checkpointing is on."""
+    was_training, _ = model.training, model.eval()
     try:
         with torch.no_grad():
             yield
@@ -348,26 +316,11 @@ def inference_mode(model):
         model.train(was_training)
 
 
-def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
-    """The KV cache of every prompt token but the last, computed once per prompt and repeated for its samples, as
-    generate()'s keyword (`cache` where transformers renamed it, `past_key_values` before): generate() then runs
-    only the last prompt token and on, exactly as if it had prefilled each row itself."""
-    import inspect
-    from transformers import DynamicCache
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    cache = DynamicCache(config=model.config)
-    positions = position_ids_from_mask(attention_mask)                   # [prompts, prompt]
-    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
-          use_cache=True, logits_to_keep=1, **{name: cache})
-    cache.batch_repeat_interleave(num_samples)
-    return {name: cache}
-
-
 def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_tokens=256, temperature=1.0,
-                         num_samples=4, *, batch_size=None):
-    """Sample `num_samples` completions per prompt (rows grouped per prompt); temperature 0 decodes greedily.
-    Returns output_ids [rows, prompt + new], attention_mask (what sampling attended to), completion_mask (1 up to
-    and including the first EOS, by position), prompt_length, completions (text), truncated [rows]."""
+                         num_samples=4, *, batch_size=None, prefill=None):
+    """Sample `num_samples` completions per prompt (rows grouped per prompt; temperature 0: greedy). Returns output_ids,
+    attention_mask (what sampling attended to), completion_mask (up to and including the first EOS, by position),
+    prompt_length, completions (text), truncated, completion_lengths. `prefill`: a prompt's KV cache once a group."""
     from transformers import GenerationConfig
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
@@ -376,17 +329,15 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     prompt_mask = attention_mask.repeat_interleave(num_samples, dim=0)
     rows, prompt_length = prompt_ids.shape
     batch_size = batch_size or rows
-    # Whole groups per generate call let each prompt be prefilled once for its samples, not once per sample.
-    share_prefill = num_samples > 1 and batch_size >= num_samples and prompt_length > 1
+    share_prefill = prefill is not None and num_samples > 1 and batch_size >= num_samples and prompt_length > 1
     batch_size -= batch_size % num_samples if share_prefill else 0
-    pieces, saved_config = [], model.generation_config
+    pieces, saved_config = [], model.generation_config       # the model's own knobs out of generate()'s way
     model.generation_config = GenerationConfig(eos_token_id=eos_ids)
     try:
         with inference_mode(model):
             for start in range(0, rows, batch_size):
-                prompts = slice(start // num_samples, (start + batch_size) // num_samples)
-                cache = prefill_once(model, input_ids[prompts], attention_mask[prompts], num_samples) \
-                    if share_prefill else {}
+                group = slice(start // num_samples, (start + batch_size) // num_samples)
+                cache = prefill(model, input_ids[group], attention_mask[group], num_samples) if share_prefill else {}
                 out = model.generate(input_ids=prompt_ids[start:start + batch_size], **cache,
                                      attention_mask=prompt_mask[start:start + batch_size], generation_config=config)
                 pieces.append(out[:, prompt_length:])
@@ -422,14 +373,11 @@ class Rollout:
 
     def rows(self, rows, columns: int | None = None) -> "Rollout":
         """These rows only (an index tensor or a slice), and with `columns` only the first that many columns."""
-        def pick(value):
-            if isinstance(value, list):
-                return [value[i] for i in (range(len(value))[rows] if isinstance(rows, slice) else rows.tolist())]
-            if not torch.is_tensor(value):
-                return value                                                        # prompt_length
-            value = value[rows.to(value.device) if torch.is_tensor(rows) else rows]
-            return value[:, :columns] if value.dim() == 2 and columns else value
-        return Rollout(**{name: pick(value) for name, value in vars(self).items()})
+        index = range(len(self.completions))[rows] if isinstance(rows, slice) else rows.tolist()     # of the lists
+        at = lambda v: v[rows.to(v.device) if torch.is_tensor(rows) else rows]                      # of the tensors
+        pick = lambda v: (at(v)[:, :columns] if v.dim() == 2 else at(v)) if torch.is_tensor(v) else \
+            [v[i] for i in index] if isinstance(v, list) else v                                    # prompt_length
+        return Rollout(**{name: pick(v) for name, v in vars(self).items()})
 
 
 def rollout_from(sample: dict, rewards, advantages, mask_truncated: bool = False) -> Rollout:
@@ -441,14 +389,12 @@ def rollout_from(sample: dict, rewards, advantages, mask_truncated: bool = False
 
 
 def position_ids_from_mask(attention_mask):
-    """Positions as generate() numbers them: attended tokens so far, pads at 0 (absolute-position models need
-    this to score a left-padded row as unpadded; for RoPE models such as Qwen it changes nothing)."""
+    """Positions as generate() numbers them, pads at 0: a left-padded row scores as unpadded (for RoPE, a no-op)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def accepted(fn, **options) -> dict:
-    """The options fn's signature takes (all where it takes **kwargs, as peft's wrapper does): a grader's stand-in
-    with the template's signature (a model, a reward stub) is called as the template calls it."""
+    """The options fn takes (all, where it takes **kwargs): a grader's stand-in gets what the template gives it."""
     import inspect
     import unittest.mock
     if isinstance(fn, unittest.mock.NonCallableMock):     # a Mock's signature says nothing of what it accepts
@@ -459,28 +405,25 @@ def accepted(fn, **options) -> dict:
 
 
 def call_model(model, input_ids, attention_mask, **extras):
-    """model(input_ids, attention_mask=...) as its forward takes them: the ids first, the mask by keyword where
-    forward names it or takes **kwargs (GPT-2's second parameter is not the mask), else second; of `extras`
-    only those it takes. A grader's mock, a plain function or a MagicMock gets the template's two arguments."""
-    keywords = accepted(getattr(model, "forward", model), attention_mask=attention_mask, **extras)
-    if "attention_mask" in keywords:
-        return model(input_ids, **keywords)
-    return model(input_ids, attention_mask, **keywords)
+    """model(input_ids, ...): the mask by keyword where forward names it or takes **kwargs (GPT-2's second parameter
+    is not the mask), else second; of `extras` only those it takes (a grader's mock: the template's two arguments)."""
+    kwargs = accepted(getattr(model, "forward", model), attention_mask=attention_mask, **extras)
+    return model(input_ids, **kwargs) if "attention_mask" in kwargs else model(input_ids, attention_mask, **kwargs)
 
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
                                 with_entropy=False):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) under softmax(logits / T), the
-    distribution sampled from; column 0 is 0, and so is every column before prompt_length, which is not computed.
-    The model is asked for the logits the shift keeps only, no KV cache, and for a left-padded row the positions
-    generate() gave it (call_model passes what forward takes). with_entropy: also the [batch, seq] entropy there."""
+    distribution sampled from; 0 at column 0 and before prompt_length (not computed). The model is asked for the
+    logits kept only, and a left-padded row gets generate()'s positions. with_entropy: also the entropy there."""
     start = min(max(1, prompt_length or 0), input_ids.shape[1])     # the first column scored
     keep = input_ids.shape[1] - start + 1                           # logit positions needed: the prompt's last on
     left_padded = attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any())
     # 1. Forward pass: the model's own logits of the last `keep` positions                 [batch, keep, vocab]
-    logits = call_model(model, input_ids, attention_mask, use_cache=False, logits_to_keep=keep, **(
-        {"position_ids": position_ids_from_mask(attention_mask)} if left_padded else {})).logits[:, -keep:]
+    out = call_model(model, input_ids, attention_mask, use_cache=False, logits_to_keep=keep, **(
+        {"position_ids": position_ids_from_mask(attention_mask)} if left_padded else {}))   # .logits, a dict, a tensor
+    logits = (out["logits"] if isinstance(out, dict) else getattr(out, "logits", out))[:, -keep:]
     # 2. Shift: position t - 1 predicts token t; divided by the sampling temperature, in fp32 (fp64 stays)
     logits, targets = at_least_fp32(logits[:, :-1]) / temperature, input_ids[:, start:]  # [batch, seq - start, vocab]
     # 3. Log-softmax, then the sampled token's entry; 0 before `start`
@@ -491,8 +434,7 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, in fp32: exact at a one-hot (entr(0) is 0,
-    where p * log p would be 0 * -inf) and finite for any finite logits, however large."""
+    """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, fp32: entr(0) is 0 (p log p: 0 * -inf)."""
     p = logits.float().softmax(-1)
     return torch.special.entr(p, out=p).sum(-1)
 
@@ -506,8 +448,7 @@ def micro_batches(rollout: Rollout, size: int):
 
 
 def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks=None) -> torch.Tensor:
-    """Log-probs of a rollout without gradient (old policy, reference, policy after the step), micro-batch by
-    micro-batch; given `chunks` (micro_batches' pairs), of their rows only, the others left 0."""
+    """Log-probs without gradient (old policy, reference, after the step); given `chunks`, of their rows only."""
     out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
     with inference_mode(model):
         for rows, used in micro_batches(rollout, cfg.micro_batch_size) if chunks is None else chunks:
@@ -518,9 +459,7 @@ def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks=None) -> torch
 
 
 def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """The rollout less its rows whose gradient is exactly 0: no token in the loss (cut, under --mask-truncated) or
-    advantage 0 (groups of equal rewards; not with a KL penalty, which pulls on every token); the loss is still
-    normalized by the full batch. No row left: no pass runs, and the update takes no optimizer step."""
+    """Less the rows whose gradient is exactly 0 (no token in the loss, or advantage 0 and no KL penalty)."""
     keep = rollout.loss_mask.any(1).to(rollout.advantages.device) & ((rollout.advantages != 0) | (cfg.kl_coef > 0))
     return rollout if keep.all() else rollout.rows(keep.nonzero().squeeze(1))
 
@@ -535,31 +474,25 @@ class UpdateBook:
         rows_all, tokens_all = len(rollout.loss_mask), rollout.loss_mask.sum().item()
         self.rollout = rollout = rows_with_signal(rollout, cfg)
         self.old_logprobs = rollout_logprobs(model, rollout, cfg) if cfg.ppo_epochs > 1 else None
-        # The KL reference: a frozen copy of the starting model, or under LoRA the model itself with its adapters off
         with ref_model.peft_model.disable_adapter() if hasattr(ref_model, "peft_model") else contextlib.nullcontext():
             self.ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(ref_model, rollout, cfg)
         self.chunks = list(micro_batches(rollout, cfg.micro_batch_size))          # none when no row has signal
         self.weights = [rollout.loss_mask[rows].sum().item() / max(tokens_all, 1) if cfg.loss_agg == "token-mean"
                         else len(rollout.loss_mask[rows]) / rows_all for rows, _ in self.chunks]   # rows' or tokens'
-        # The share of the loss the update ran, so that stats average those rows (0: every completion masked)
-        self.covered = sum(self.weights) or 1.0
-        self.stats = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "grad_norm": 0.0,
-                      "policy_kl": 0.0, "entropy": None, "no_signal": not self.chunks,
-                      "skipped": 0 if self.chunks else cfg.ppo_epochs}
+        self.covered = sum(self.weights) or 1.0    # the share of the loss run: stats average it (0: all masked)
+        self.stats = dict(loss=0.0, clipfrac=0.0, approx_kl=0.0, kl_ref=0.0, grad_norm=0.0, policy_kl=0.0,
+                          entropy=None, no_signal=not self.chunks, skipped=0 if self.chunks else cfg.ppo_epochs)
         self.epoch, self.index, self.epoch_loss, self.entropy_sum, self.entropy_tokens = 0, 0, 0.0, 0.0, 0.0
 
-    def micro_batches(self):
-        """(micro-batch, weight), each micro-batch a Rollout of its rows and columns."""
+    def micro_batches(self):                 # (micro-batch as a Rollout of its rows and columns, weight)
         for self.index, (rows, used) in enumerate(self.chunks):
             yield self.rollout.rows(rows, used), self.weights[self.index]
 
-    def old(self, logprobs):
-        """The sampling policy's log-probs; with one PPO epoch the policy's own, detached: every ratio is 1."""
+    def old(self, logprobs):                 # with one PPO epoch, the policy's own, detached: every ratio is 1
         rows, used = self.chunks[self.index]
         return logprobs.detach() if self.old_logprobs is None else self.old_logprobs[rows, :used]
 
-    def kl_penalty(self, micro: Rollout, logprobs):
-        """kl_coef x the k3 KL to the reference, reduced as the loss is; 0 without one (--kl-coef 0)."""
+    def kl_penalty(self, micro: Rollout, logprobs):    # kl_coef x the k3 KL to the reference, reduced as the loss
         if self.ref is None:
             return 0.0
         rows, used = self.chunks[self.index]
@@ -568,8 +501,7 @@ class UpdateBook:
         self.stats["kl_ref"] += self.weights[self.index] * kl.item() / self.cfg.ppo_epochs
         return self.cfg.kl_coef * kl
 
-    def note(self, micro: Rollout, logprobs, entropy, loss) -> None:
-        """A micro-batch's loss, clip fraction and approx KL; its entropy in the first epoch (tensors: no sync)."""
+    def note(self, micro: Rollout, logprobs, entropy, loss) -> None:      # statistics: entropy in the first epoch
         cfg, mask = self.cfg, micro.loss_mask
         if self.epoch == 0:
             self.entropy_sum, self.entropy_tokens = self.entropy_sum + entropy[mask].sum(), \
@@ -580,8 +512,7 @@ class UpdateBook:
             self.stats[key] += self.weights[self.index] / self.covered * value / cfg.ppo_epochs
 
     def optimizer_step(self, step: Callable) -> None:
-        """Clip the gradient's norm, then step(model, optimizer), unless the loss or the norm is not finite; no
-        micro-batch ran: no step at all (AdamW would replay its momentum)."""
+        """Clip the gradient's norm, then step() unless it is not finite; no micro-batch: no step (AdamW's momentum)."""
         if not self.chunks:
             return
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -597,28 +528,26 @@ class UpdateBook:
         self.epoch, self.epoch_loss = self.epoch + 1, 0.0
 
     def finish(self) -> dict:
-        """The statistics, with how far the update moved the policy: KL(before || after), k3 on the first
-        micro-batch's tokens (with one PPO epoch every ratio is 1: clipfrac and approx_kl cannot show it)."""
+        """The statistics, and how far the update moved the policy (one PPO epoch: every ratio 1, clipfrac 0)."""
         if self.chunks:
             self.optimizer.zero_grad(set_to_none=True)
-            (rows, used), mask = self.chunks[0], self.rollout.loss_mask[self.chunks[0][0], :self.chunks[0][1]]
+            rows, used = self.chunks[0]
             after = rollout_logprobs(self.model, self.rollout, self.cfg, self.chunks[:1])[rows, :used]
-            self.stats["policy_kl"] = masked_token_mean(kl_k3(self.logprobs_before, after), mask).item()
-            self.stats["entropy"] = float(self.entropy_sum) / float(self.entropy_tokens) if self.entropy_tokens \
-                else None
+            moved = kl_k3(self.logprobs_before, after)          # KL(before || after), the first micro-batch's tokens
+            self.stats["policy_kl"] = masked_token_mean(moved, self.rollout.loss_mask[rows, :used]).item()
+            tokens = float(self.entropy_tokens)            # none: every completion masked out of the loss
+            self.stats["entropy"] = float(self.entropy_sum) / tokens if tokens else None
         return self.stats
 
 
 def golds(batch: dict, group_size: int) -> list[float]:
-    """Each prompt's gold number once per completion, from collate_prompts' "answers" or default_collate's "answer"
-    tensor (a grader's own loader)."""
+    """Each gold once per completion: collate_prompts' "answers", or default_collate's "answer" (a grader's loader)."""
     return [float(gold) for gold in batch["answers" if "answers" in batch else "answer"] for _ in range(group_size)]
 
 
 def settings(fn, cfg: Config) -> dict:
-    """What train_grpo passes a TODO beyond the template's arguments, from cfg, where fn takes it (a grader's stub
-    with the template's signature takes none): the reward's format bonus and strictness; the advantages' division
-    by the group's std (--advantage grpo) and its eps; the loss's upper clip edge, reduction and token count."""
+    """What train_grpo passes a TODO from cfg, where fn takes it (a grader's stub takes none): the reward's format
+    bonus and strictness; the advantages' std division (grpo) and eps; the loss's upper clip, reduction, token count."""
     return accepted(fn, format_reward=cfg.format_reward, strict_answer=cfg.strict_answer,
                     normalize_by_std=cfg.advantage == "grpo", advantage_eps=cfg.advantage_eps,
                     clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens)
@@ -626,41 +555,36 @@ def settings(fn, cfg: Config) -> dict:
 
 @dataclass(eq=False)
 class LoopHooks:
-    """The one seam between train_grpo and what a real run adds. These defaults are the plain loop: each batch one
-    step, for num_epochs and at most cfg.max_steps steps. The run below the banner (Run) overrides them: it resumes
-    mid-epoch, draws more batches until enough groups have reward signal, halves a batch on out-of-memory, steps
-    the learning-rate schedule, logs and checkpoints each step, and stops on Ctrl-C."""
+    """The one seam between train_grpo and what a real run adds; these defaults are the plain loop (each batch a step,
+    for num_epochs, at most cfg.max_steps). Run, below the banner, overrides them: it resumes mid-epoch, draws more
+    batches until groups have reward signal, halves a batch on out-of-memory, logs, checkpoints, stops on Ctrl-C."""
     cfg: Config
     optimizer: Any
     ref_model: Any = None          # the KL penalty's reference, the starting model (--kl-coef)
     done: int = 0                  # steps taken
     history: list = field(default_factory=list)       # each step's record
+    prefill = None                 # generate_completions' shared prompt cache (Run: prefill_once)
 
-    def rollouts(self, loader, num_epochs: int, sample_and_score: Callable[[dict], Rollout]):
-        """Each step's rollout: here one batch, through train_grpo's steps 1-3."""
+    def rollouts(self, loader, num_epochs: int, sample_and_score: Callable[[dict], Rollout]):   # a batch a step
         for batch in (batch for _ in range(num_epochs) for batch in loader):
             if self.cfg.max_steps and self.done >= self.cfg.max_steps:
                 return
             self.sampled = sample_and_score(batch)
             yield self.sampled
 
-    def retry(self, knob: str, fn: Callable):
-        """fn(): sampling, the update or an evaluation batch (a run halves cfg.<knob> on out-of-memory, and retries)."""
+    def retry(self, knob: str, fn: Callable):      # sampling, an update, an evaluation batch (Run: halve on OOM)
         return fn()
 
     def optimizer_step(self, model, optimizer) -> None:
         optimizer.step()
 
-    def end_step(self, rollout: Rollout, stats: dict) -> dict:
-        """The step's record: its mean reward and its update's statistics (a run's records hold more)."""
+    def end_step(self, rollout: Rollout, stats: dict) -> None:     # the step's record (Run's hold more)
         self.done += 1
         self.history.append({"step": self.done, "reward_mean": self.sampled.rewards.float().mean().item(), **stats})
-        return self.history[-1]
 
 
 def loop_setup(cfg: Config | None, hooks: LoopHooks | None, optimizer, *template_args) -> tuple[Config, LoopHooks]:
-    """train_grpo's settings: the template's arguments over Config's defaults (no step limit), or cfg, which must
-    agree with them (two values for one setting would leave a reader guessing which trained); and its hooks."""
+    """train_grpo's settings (the template's arguments over Config's defaults, or cfg agreeing with them), hooks."""
     given = dict(zip(("num_epochs", "group_size", "clip_eps", "max_new_tokens"), template_args))
     if cfg is not None and any(getattr(cfg, k) != v for k, v in given.items()):
         raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
@@ -671,18 +595,17 @@ def loop_setup(cfg: Config | None, hooks: LoopHooks | None, optimizer, *template
 # ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, hooks: LoopHooks | None = None):
-    """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with
-    its group's (the advantages), (4) take the clipped policy-gradient step over micro-batches. Returns the per-step
-    history (list of dicts). The other settings come from cfg, else Config's defaults: T 0.7, the paper's
-    advantages, Dr. GRPO's loss, no KL penalty, one update per rollout (`settings` says what each TODO gets).
-    `hooks` is the seam a real run plugs into (LoopHooks); without it, the plain loop."""
+    """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
+    group's (the advantages), (4) take the clipped policy-gradient step over micro-batches; returns each step's record.
+    Other settings come from cfg, else Config's defaults: T 0.7, the paper's advantages, Dr. GRPO's loss, no KL
+    penalty, one update per rollout (`settings`: what each TODO gets). `hooks`: the seam a real run plugs into."""
     cfg, hooks = loop_setup(cfg, hooks, optimizer, num_epochs, group_size, clip_eps, max_new_tokens)
 
     def sample_and_score(batch) -> Rollout:
         # 1. Sample group_size completions of each prompt from the current policy.
         sample = hooks.retry("generation_batch_size", lambda: generate_completions(
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device), max_new_tokens,
-            cfg.temperature, group_size, batch_size=cfg.generation_batch_size))
+            cfg.temperature, group_size, batch_size=cfg.generation_batch_size, prefill=hooks.prefill))
         # 2. Reward each completion: 1 if its final number is its prompt's gold answer.
         rewards = compute_reward(sample["completions"], golds(batch, group_size), **settings(compute_reward, cfg))
         # 3. Advantages: each reward relative to the other completions of the same prompt.
@@ -702,7 +625,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                            **settings(compute_policy_loss, cfg)) + book.kl_penalty(mb, logprobs)
                 (loss * weight).backward()
                 book.note(mb, logprobs, entropy, loss)
-            book.optimizer_step(hooks.optimizer_step)
+            book.optimizer_step(hooks.optimizer_step)      # the norm clipped, then optimizer.step() (not if NaN)
         return book.finish()
 
     for rollout in hooks.rollouts(train_loader, num_epochs, sample_and_score):
@@ -715,10 +638,8 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
     """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
     from tqdm.auto import tqdm
     hooks = hooks or LoopHooks(cfg, None)
-    # Its own generator: iterating a loader draws a seed from the one it has, and the global one would shift every
-    # sample after (a resume that keeps the evaluation before would not repeat the run)
-    loader = DataLoader(dataset, cfg.eval_batch_size, generator=torch.Generator(),
-                        collate_fn=lambda b: collate_prompts(b, tokenizer))
+    loader = DataLoader(dataset, cfg.eval_batch_size, generator=torch.Generator(),     # its own: the global one's
+                        collate_fn=lambda b: collate_prompts(b, tokenizer))            # draws would shift sampling
     records = []
     for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):     # None: no bar in a log file
         out = hooks.retry("eval_batch_size", lambda: generate_completions(    # a run's halving splits the batch
@@ -761,14 +682,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
-    """The template's main in phases: load the model, data and optimizer (prepare_run); evaluate; train; evaluate
-    again and save. Each leaves a folder --resume continues from (files written whole, a checkpoint before the final
-    evaluation), so Ctrl-C or a failure anywhere ends in one line saying how (failure_message)."""
+    """The template's main in phases: set up; evaluate; train (Run.train: train_grpo, the run as hooks); evaluate.
+    Each leaves a folder --resume continues from: Ctrl-C or a failure anywhere ends in one line saying how."""
     phase = "loading"
     try:
-        run = prepare_run(cfg, run_dir, resume)    # Loading tokenizer and model... / dataset... / Setting up optimizer...
+        run = prepare_run(cfg, run_dir, resume)     # prints Loading tokenizer and model..., dataset..., optimizer...
         for phase, do in ((("the evaluation", score_only),) if cfg.eval_only else
-                          (("the evaluation before training", evaluate_before), ("training", train_phase),
+                          (("the evaluation before training", evaluate_before), ("training", Run.train),
                            ("the final evaluation and save", finish_run))):
             do(run)
         return run.summary
@@ -776,15 +696,6 @@ def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
         raise
     except (KeyboardInterrupt, Exception) as e:      # a full disk in safetensors, NaN sampling, ...: one line
         raise failure_message(e, phase, cfg, run_dir, resume) from None
-
-
-def train_phase(run: "Run") -> None:
-    """GRPO steps, each logged as it finishes (Run.end_step); the first Ctrl-C stops after the step in flight."""
-    cfg = run.cfg
-    print("Starting GRPO training...")
-    with run.training():        # the metrics file; a stop request for Ctrl-C; a checkpoint on the way out
-        train_grpo(run.model, run.tokenizer, run.loader, run.optimizer, run.device, cfg.num_epochs, cfg.group_size,
-                   cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, hooks=run)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -810,24 +721,18 @@ import warnings
 
 @dataclass
 class RunConfig(Config):
-    """Config plus what a run around the loop reads: data splits and prompts, signal filling, LoRA, the schedule,
-    precision, the run folder. Every field is a flag (build_arg_parser), in this order after Config's."""
+    """Config and what a run around the loop reads; every field is a flag (build_arg_parser), after Config's."""
     # data
-    task: str = _flag("gsm8k", "gsm8k, or generated word problems (arithmetic, two-step)",
-                      choices=["gsm8k", "arithmetic", "two-step"])
+    task: str = _flag("gsm8k", "gsm8k, or generated word problems", choices=["gsm8k", "arithmetic", "two-step"])
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
-    eval_size: int = _flag(0, "test problems for the greedy accuracy before and after training (0 = all 1,319: "
-                           "minutes on a GPU, and a paired test over 200 cannot tell a few points from noise)")
-    eval_start: int = _flag(0, "position of the first evaluation problem in its split (test problems 200-1318, none "
-                            "of the first 200 that settings were chosen on: --eval-start 200)")
+    eval_size: int = _flag(0, "test problems scored greedily before and after training (0 = all 1,319)")
+    eval_start: int = _flag(0, "position of the first evaluation problem in its split")
     val_size: int = _flag(0, "the first N train problems, held out (never trained on) to choose settings on")
     eval_split: str = _flag("test", "what the accuracy before and after scores", choices=["test", "validation"])
-    prompt_style: str = _flag("chat", "chat: the tokenizer's chat template; plain: the template's prompt",
-                              choices=["chat", "plain"])
+    prompt_style: str = _flag("chat", "chat: the tokenizer's template; plain: the handout's", choices=["chat", "plain"])
     max_prompt_length: int = _flag(512, "prompts longer than this many tokens are dropped, with a warning")
     # a step filled with signal (DAPO's dynamic sampling)
-    min_signal_groups: int = _flag(-1, "draw batches until a step has at least N groups with spread, then update on "
-                                   "--batch-size groups (or N), those first (-1: --batch-size, 0: off)")
+    min_signal_groups: int = _flag(-1, "draw batches until N groups' rewards differ (-1: --batch-size, 0: off)")
     max_draws: int = _flag(4, "at most this many further batches a step draws for --min-signal-groups")
     # optimization
     lora_rank: int = _flag(0, "train peft LoRA adapters of this rank instead of every weight (0 = full)")
@@ -836,10 +741,8 @@ class RunConfig(Config):
     lr_warmup_steps: int = _flag(10, "linear learning-rate warm-up, then constant")
     lr_decay: bool = _flag(False, "after the warm-up, decay linearly to 0 at the last step (--max-steps or data end)")
     weight_decay: float = _flag(0.0, "AdamW decoupled weight decay")
-    gradient_checkpointing: str = _flag("auto", "recompute activations in backward; auto = on for CUDA",
-                                        choices=["auto", "on", "off"])
-    dtype: str = _flag("auto", "weights: auto = bfloat16 where computed natively (A100, L4, RTX 30xx and newer GPUs; "
-                       "CPUs with AVX512-BF16 or AMX), else float32", choices=["auto", "bfloat16", "float32"])
+    gradient_checkpointing: str = _flag("auto", "recompute activations (auto: on CUDA)", choices=["auto", "on", "off"])
+    dtype: str = _flag("auto", "weights (auto: bf16 where native)", choices=["auto", "bfloat16", "float32"])
     # run
     seed: int = _flag(0, "seed for data order, sampling and the demo")
     device: str = _flag("auto", "auto = cuda when available, else cpu (with a warning)")
@@ -848,8 +751,7 @@ class RunConfig(Config):
     keep_checkpoints: int = _flag(0, "keep only the newest N checkpoints, deleting older ones (0 = keep all)")
     plot_every: int = _flag(10, "redraw plots every N steps")
     show_examples: int = _flag(5, "problems printed with their answers before and after")
-    eval_only: bool = _flag(False, "score MODEL_PATH greedily into eval.jsonl and stop: a saved model at another "
-                            "--max-new-tokens, say (a float32 folder in float32); nothing trains")
+    eval_only: bool = _flag(False, "score MODEL_PATH greedily into eval.jsonl and stop; nothing trains")
     signal_groups = property(lambda c: c.batch_size if c.min_signal_groups == -1 else c.min_signal_groups)  # not a flag
 
 
@@ -950,8 +852,7 @@ EVAL_ONLY_FLAGS = {"model_path", "eval_only", "task", "dataset", "eval_size", "e
                    "output_dir", "show_examples"}
 # Flags a resumed run may change: how it runs, not what it learns (else one record would describe two trainings).
 RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints", "plot_every", "show_examples",
-                     "device", "generation_batch_size", "micro_batch_size", "eval_batch_size",
-                     "gradient_checkpointing"}
+                     "device", "generation_batch_size", "micro_batch_size", "eval_batch_size", "gradient_checkpointing"}
 
 
 def saved_config(run_dir: Path) -> RunConfig:
@@ -998,11 +899,10 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
         if base.eval_only and (idle := sorted(set(explicit) - EVAL_ONLY_FLAGS)):
             raise UserError(f"{', '.join(map(flag_name, idle))} would do nothing: {args.resume} is an --eval-only "
                             f"run, which trains nothing")
-        if explicit.get("generation_batch_size", base.generation_batch_size) != base.generation_batch_size:
-            print(f"warning: --generation-batch-size {base.generation_batch_size} -> "
-                  f"{explicit['generation_batch_size']}: the samples from here on differ from those the run would "
-                  f"have drawn (the training stays correct, but is no longer bit-identical to an uninterrupted run)",
-                  file=sys.stderr)
+        if (size := explicit.get("generation_batch_size", base.generation_batch_size)) != base.generation_batch_size:
+            print(f"warning: --generation-batch-size {base.generation_batch_size} -> {size}: the samples from here on "
+                  f"differ from those the run would have drawn (the training stays correct, not bit-identical to an "
+                  f"uninterrupted run)", file=sys.stderr)
         if changed := sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k)):
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
                             f"the run was started with other values (start a new run instead)")
@@ -1015,20 +915,15 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     cfg = dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit})
     if cfg.eval_only and (unused := sorted(set(explicit) - EVAL_ONLY_FLAGS)):
         raise UserError(f"{', '.join(map(flag_name, unused))} would do nothing with --eval-only, which trains nothing")
-    for unused, why in idle_flags(cfg).items():      # a flag that changes nothing would be recorded as if it had
-        if given := [flag_name(name) for name in unused if name in explicit]:
+    idle = {("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
+            ("clip_eps", "clip_eps_high"): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 (the "
+                                                                   "clip acts from --ppo-epochs 2 on)",
+            ("advantage_eps",): cfg.advantage == "drgrpo" and "with --advantage drgrpo (no division by the std)",
+            ("max_draws",): cfg.signal_groups == 0 and "with --min-signal-groups 0 (a step per batch)"}
+    for unused, why in idle.items():      # a flag that changes nothing would be recorded as if it had
+        if why and (given := [flag_name(name) for name in unused if name in explicit]):
             raise UserError(f"{', '.join(given)} would do nothing {why}")
     return cfg, args
-
-
-def idle_flags(cfg: RunConfig) -> dict[tuple, str]:
-    """Flags that these settings never read, and why."""
-    reasons = {("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
-               ("clip_eps", "clip_eps_high"): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 "
-                                                                      "(the clip acts from --ppo-epochs 2 on)",
-               ("advantage_eps",): cfg.advantage == "drgrpo" and "with --advantage drgrpo (no division by the std)",
-               ("max_draws",): cfg.signal_groups == 0 and "with --min-signal-groups 0 (a step per batch)"}
-    return {names: why for names, why in reasons.items() if why}
 
 
 def looks_local(path: str) -> bool:
@@ -1041,13 +936,9 @@ def absolute_if_local(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path)) if path and looks_local(path) else path
 
 
-# Ctrl-C, in one place: main() installs on_ctrl_c for the whole command, for SIGTERM and SIGHUP as well (a scheduler's
-# time limit, docker stop or a closed terminal: each stops a run as Ctrl-C does). While training, the first press only
-# asks the loop to stop after the step in flight (it is checkpointed, and --resume continues bit-identically);
-# a second press, or any press elsewhere, raises KeyboardInterrupt, which run_phases turns into one line saying
-# how to resume. Python drops an exception raised inside a finalizer (a __del__ run by the garbage collector),
-# so a press is also latched, and check_ctrl_c raises a lost one again at the next batch. After a press, what
-# it cut short (a parquet writer whose file is closed) may fail in its own finalizer: noise, kept quiet.
+# Ctrl-C, SIGTERM, SIGHUP alike: while training, the first asks for a stop after the step in flight (checkpointed);
+# a second, or any elsewhere, raises KeyboardInterrupt (run_phases: one line). Python drops one raised in a
+# finalizer, so a press is latched too (check_ctrl_c raises it again); finalizers failing after it are quiet.
 _ctrl_c = {"pressed": False, "training": False, "asked": 0.0}
 
 
@@ -1088,30 +979,86 @@ def ctrl_c_latch():
 
 # ----- The run's set-up, as prepare_run (Part 5) calls it: device, model, data, schedule; its failures -----
 
-def prepare_run(cfg: "RunConfig", run_dir: Path, resume: bool) -> "Run":
+def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
     device = pick_device(cfg.device)
-    settle_dtype(cfg, device, resume)
-    seed_everything(cfg.seed)
+    as_saved = False          # --eval-only scores a float32 folder (LoRA's merged final/) as trained: bf16 moves it
+    if cfg.dtype == "auto":   # recorded as it resolves, so a resume keeps it; a record's auto predates bf16 on CPUs
+        with contextlib.suppress(OSError, ValueError, AttributeError):     # transformers 5: dtype; 4: torch_dtype
+            saved = json.loads(read_text(Path(cfg.model_path) / "config.json"))
+            as_saved = cfg.eval_only and (saved.get("dtype") or saved.get("torch_dtype")) == "float32"
+        cfg.dtype = "float32" if (resume and device.type == "cpu") or as_saved else \
+            str(weight_dtype("auto", device)).removeprefix("torch.")
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)      # the sampling streams; data order is seeded apart (the loader's sampler)
     checkpoint = (saved_checkpoints(run_dir) or [None])[-1] if resume else None     # the newest
+
     print("Loading tokenizer and model...")
-    model, tokenizer, ref_model = load_policy(cfg, device, checkpoint)     # + LoRA, the KL reference, checkpointing
+    # LoRA: the starting model with adapters (a checkpoint holds them only); else the checkpoint's weights
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint if checkpoint and not cfg.lora_rank else
+                                                    cfg.model_path), device, cfg.dtype)
+    if cfg.prompt_style == "chat" and not getattr(tokenizer, "chat_template", None):  # plain would mislabel the run
+        raise UserError("the tokenizer has no chat template: pass --prompt-style plain")
+    if cfg.lora_rank:
+        model = with_lora(model, cfg, checkpoint)
+    # The KL penalty's reference, the starting model: under LoRA the model itself with its adapters off, else a copy
+    ref_model = None if cfg.kl_coef <= 0 else model if cfg.lora_rank else \
+        load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False)
+    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
+        enable_checkpointing(model)
+    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
+    check_kv_cache_fits(cfg, model, device)
+
     print("Loading dataset...")
-    train_set, eval_set = problem_sets(cfg, tokenizer)     # held-out validation first; long prompts dropped
+    # Validation: the first --val-size problems of the train split; training takes the ones after them.
+    part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
+    problems = lambda split: without_long_prompts(GSM8KDataset(
+        split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset, prompt_style=cfg.prompt_style,
+        task=TASKS[cfg.task]))
+    eval_set = problems(part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
+                        if cfg.eval_split == "test" else
+                        part("train", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size or cfg.val_size))
+    if len(eval_set) == 0:
+        raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
+                        f"{cfg.max_prompt_length}, or none given)")
     if cfg.eval_only:                   # nothing trains: no training problems, no optimizer
         return open_record(Run(cfg, None, run_dir=run_dir, device=device, model=model, tokenizer=tokenizer,
                                loader=None, eval_set=eval_set), None, resume)
-    # A shuffle that depends only on (seed, epoch), so that a resumed run sees the same data. The loader's own
-    # generator keeps it from drawing on the sampling stream, which a resumed run must continue exactly.
-    loader = DataLoader(train_set, cfg.batch_size, sampler=DistributedSampler(train_set, 1, 0, seed=cfg.seed,
-                                                                              drop_last=True),
-                        drop_last=True, generator=torch.Generator(), collate_fn=lambda b: collate_prompts(b, tokenizer))
+    train_set = problems(part("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size))
+    if len(train_set) < cfg.batch_size:
+        raise UserError(f"{len(train_set)} train problems, fewer than --batch-size {cfg.batch_size}")
+    # A shuffle that depends only on (seed, epoch): a resumed run sees the same data; the loader's own generator
+    # keeps it off the sampling stream, which a resumed run must continue exactly.
+    sampler = DistributedSampler(train_set, 1, 0, seed=cfg.seed, drop_last=True)
+    loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(),
+                        collate_fn=lambda b: collate_prompts(b, tokenizer))
+
     print("Setting up optimizer...")
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed,
                                 cfg.weight_decay)
-    run = Run(cfg, optimizer, ref_model, run_dir=run_dir, device=device, model=model, tokenizer=tokenizer,
-              loader=loader, eval_set=eval_set, scheduler=lr_schedule(optimizer, cfg, loader))
-    return open_record(run, checkpoint, resume)
+    decay_end = last_step(cfg, loader) if cfg.lr_decay else 0    # --max-steps, or sooner the data's end
+    if cfg.lr_decay and decay_end <= cfg.lr_warmup_steps:
+        raise UserError(f"--lr-decay: the run ends after {decay_end} steps, within --lr-warmup-steps "
+                        f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
+    if cfg.lr_decay and cfg.signal_groups and cfg.num_epochs * len(loader) < cfg.max_steps * (1 + cfg.max_draws):
+        raise UserError(f"--lr-decay: a step draws 1 to {1 + cfg.max_draws} batches, so the data may end before "
+                        f"--max-steps {cfg.max_steps}, the rate above 0: lower it or --max-draws, or add --num-epochs")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
+        step, cfg.lr_warmup_steps, decay_end))
+    return open_record(Run(cfg, optimizer, ref_model, run_dir=run_dir, device=device, model=model, tokenizer=tokenizer,
+                           loader=loader, eval_set=eval_set, scheduler=scheduler), checkpoint, resume)
+
+
+def without_long_prompts(dataset: GSM8KDataset) -> GSM8KDataset:
+    """The dataset less its prompts over max_length tokens (cut, a question is another one), so steps are full."""
+    encoded = dataset.tokenizer(dataset.prompts, add_special_tokens=dataset.add_special_tokens)["input_ids"]
+    keep = [i for i, ids in enumerate(encoded) if len(ids) <= dataset.max_length]
+    if len(keep) < len(encoded):
+        print(f"warning: dropped {len(encoded) - len(keep)} of {len(encoded)} prompts longer than "
+              f"{dataset.max_length} tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
+    for name in ("prompts", "questions", "answers", "rows"):
+        setattr(dataset, name, [getattr(dataset, name)[i] for i in keep])
+    return dataset
 
 
 def failure_message(error: BaseException, phase: str, cfg: RunConfig, run_dir: Path, resume: bool) -> UserError:
@@ -1133,71 +1080,8 @@ def failure_message(error: BaseException, phase: str, cfg: RunConfig, run_dir: P
                      f"{getattr(error, 'resume_flags', '')}{newest}")
 
 
-def settle_dtype(cfg: RunConfig, device: torch.device, resume: bool) -> None:
-    """--dtype auto, recorded as it resolves so that a resume keeps it (a record's auto predates bf16 on CPUs).
-    --eval-only scores a float32 folder (a LoRA run's merged final/, a --dtype float32 run's) as training left it:
-    a bf16 copy moves the log-probs by more than many updates do."""
-    if cfg.dtype == "auto":
-        as_saved = cfg.eval_only and saved_dtype(cfg.model_path) == "float32"
-        cfg.dtype = "float32" if (resume and device.type == "cpu") or as_saved else \
-            str(weight_dtype("auto", device)).removeprefix("torch.")
-
-
-def load_policy(cfg: RunConfig, device: torch.device, checkpoint: Path | None):
-    """The policy and its tokenizer (LoRA: the starting model with adapters, new or the checkpoint's; else the
-    checkpoint's weights), the KL penalty's reference, and gradient checkpointing where asked (auto: on CUDA)."""
-    model, tokenizer = load_model_and_tokenizer(str(checkpoint if checkpoint and not cfg.lora_rank else
-                                                    cfg.model_path), device, cfg.dtype)
-    if cfg.prompt_style == "chat" and not getattr(tokenizer, "chat_template", None):
-        raise UserError("the tokenizer has no chat template: pass --prompt-style plain")
-    if cfg.lora_rank:
-        model = with_lora(model, cfg, checkpoint)
-    # The KL penalty's reference, the starting model: under LoRA the model itself with its adapters off, else a copy
-    ref_model = None if cfg.kl_coef <= 0 else model if cfg.lora_rank else \
-        load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False)
-    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
-        enable_checkpointing(model)
-    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
-    check_kv_cache_fits(cfg, model, device)
-    return model, tokenizer, ref_model
-
-
-def problem_sets(cfg: RunConfig, tokenizer) -> tuple[GSM8KDataset | None, GSM8KDataset]:
-    """The training and evaluation problems (no training ones under --eval-only). Validation: the first
-    --val-size problems of the train split; training takes the ones after them."""
-    part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
-    problems = lambda split: GSM8KDataset(split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset,
-                                          prompt_style=cfg.prompt_style, task=TASKS[cfg.task], drop_longer=True)
-    eval_set = problems(part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
-                        if cfg.eval_split == "test" else
-                        part("train", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size or cfg.val_size))
-    if len(eval_set) == 0:
-        raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
-                        f"{cfg.max_prompt_length}, or none given)")
-    if cfg.eval_only:
-        return None, eval_set
-    train_set = problems(part("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size))
-    if len(train_set) < cfg.batch_size:
-        raise UserError(f"{len(train_set)} train problems, fewer than --batch-size {cfg.batch_size}")
-    return train_set, eval_set
-
-
-def lr_schedule(optimizer, cfg: RunConfig, loader):
-    """Linear warm-up over --lr-warmup-steps, then constant, or with --lr-decay linearly to 0 at the last step."""
-    decay_end = last_step(cfg, loader) if cfg.lr_decay else 0    # --max-steps, or sooner the data's end
-    if cfg.lr_decay and decay_end <= cfg.lr_warmup_steps:
-        raise UserError(f"--lr-decay: the run ends after {decay_end} steps, within --lr-warmup-steps "
-                        f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
-    if cfg.lr_decay and cfg.signal_groups and cfg.num_epochs * len(loader) < cfg.max_steps * (1 + cfg.max_draws):
-        raise UserError(f"--lr-decay: a step draws 1 to {1 + cfg.max_draws} batches, so the data may end before "
-                        f"--max-steps {cfg.max_steps}, the rate above 0: lower it or --max-draws, or add --num-epochs")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, cfg.lr_warmup_steps,
-                                                                                  decay_end))
-
-
 def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
-    """Factor on the learning rate of optimizer step `step` (from 0): linear warm-up over `warmup_steps`, then 1,
-    or with `decay_end` a straight line down that would reach 0 at step `decay_end` (its last step keeps a bit)."""
+    """The learning rate's factor at step `step` (from 0): a linear warm-up, then 1 or a line to 0 at `decay_end`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     return max(0.0, (decay_end - step) / (decay_end - warmup_steps)) if decay_end else 1.0
@@ -1206,14 +1090,6 @@ def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
 def last_step(cfg: RunConfig, loader) -> int:
     """The step training ends at: --max-steps, or sooner when --num-epochs passes over the data end first."""
     return min(cfg.max_steps or math.inf, cfg.num_epochs * len(loader))
-
-
-def saved_dtype(path: str) -> str | None:
-    """The weights' dtype a local model folder's config.json records (transformers 5: dtype; 4: torch_dtype)."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        config = json.loads(read_text(Path(path) / "config.json"))
-        return config.get("dtype") or config.get("torch_dtype")
-    return None
 
 
 def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
@@ -1234,8 +1110,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=weight_dtype(dtype_name, device)).to(device)
     except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
         raise UserError(f"cannot load model from {path}: {first_line(e)}") from None
-    # tokenizer_config.json without tokenizer.json loads as a tokenizer of a few special tokens: every completion
-    # would decode empty and score 0, and training would fail on the first token id it cannot hold
+    # tokenizer_config.json alone loads as a few special tokens: every completion would decode empty and score 0
     if len(tokenizer) < model.get_input_embeddings().num_embeddings // 2:
         raise UserError(f"MODEL_PATH {path}: its tokenizer has {len(tokenizer)} tokens for the model's "
                         f"{model.get_input_embeddings().num_embeddings} (is tokenizer.json missing?)")
@@ -1252,11 +1127,6 @@ def build_optimizer(params, lr, seed=0, weight_decay=0.0):
 
 # ----- A step filled with signal (DAPO's dynamic sampling), from where a resumed run stands -----
 
-def progress_bar(cfg: RunConfig, loader, done: int):
-    from tqdm.auto import tqdm
-    return tqdm(total=last_step(cfg, loader), initial=done, desc="GRPO", dynamic_ncols=True, disable=None)
-
-
 def epochs_from(loader, num_epochs: int, start: dict):
     """(epoch, iterator of (index, batch)) from where a resumed run stopped: its epoch, less the batches it used."""
     for epoch in range(start["epoch"], num_epochs):
@@ -1269,10 +1139,10 @@ def epochs_from(loader, num_epochs: int, start: dict):
 
 
 def draw_for_signal(first: Rollout, index: int, batches, sample_and_score, cfg: RunConfig) -> tuple[list, int]:
-    """--min-signal-groups: further batches of this epoch, at most --max-draws, until enough groups' rewards differ.
-    Returns the rollouts drawn and the index of the last batch used."""
+    """Batches drawn until --min-signal-groups groups' rewards differ (at most --max-draws more), the last's index."""
     drawn = [first]
-    while wants_more_signal(drawn, cfg) and len(drawn) <= cfg.max_draws and (more := next(batches, None)):
+    while sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn) < cfg.signal_groups and \
+            len(drawn) <= cfg.max_draws and (more := next(batches, None)):
         index, batch = more
         drawn.append(sample_and_score(batch))
     return drawn, index
@@ -1284,14 +1154,8 @@ def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return ~(grouped == grouped[:, :1]).all(1)
 
 
-def wants_more_signal(drawn: list[Rollout], cfg: RunConfig) -> bool:
-    """Whether a step should draw another batch: it holds fewer groups with spread than --min-signal-groups."""
-    return sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn) < cfg.signal_groups
-
-
 def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """A step's batches (one or more) as one rollout: prompts left-padded to the longest, completions right-padded
-    (padding is out of the attention and loss masks, and positions come from the mask: every row scores as before)."""
+    """A step's batches as one rollout, prompts left-padded, completions right-padded: every row scores as before."""
     prompt = max(r.prompt_length for r in parts)
     width = max(r.output_ids.shape[1] - r.prompt_length for r in parts)
     pad = lambda r, t, value: F.pad(t, (prompt - r.prompt_length, width + r.prompt_length - t.shape[1]), value=value)
@@ -1303,31 +1167,12 @@ def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 
 def groups_with_signal(rollout: Rollout, cfg: RunConfig) -> Rollout:
-    """A step's batch for the update: --batch-size groups (or --min-signal-groups, if more), those whose rewards
-    differ first; groups without spread make up the count (no gradient: rows_with_signal skips them). So
-    --min-signal-groups is a floor: below --batch-size, a batch with that many groups with spread trains on all."""
+    """The update's --batch-size groups (or --min-signal-groups, if more), those whose rewards differ first."""
     has = spread(rollout.rewards, cfg.group_size)
     keep = max(cfg.signal_groups, cfg.batch_size)
     groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:keep].sort().values
     rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
     return rollout.rows(rows)
-
-
-def update_once(model, optimizer, rollout: Rollout, cfg: Config, ref_model=None) -> dict:
-    """train_grpo's step 4 on a rollout made elsewhere, through the seam: its statistics. For tests and benchmarks
-    that check or time one update (the optimizer step is the run's: a benchmark may time optimizer_step)."""
-    class OneRollout(LoopHooks):
-        def rollouts(self, loader, num_epochs, sample_and_score):
-            self.sampled = rollout
-            yield rollout
-
-        def optimizer_step(self, model, optimizer):
-            optimizer_step(model, optimizer)
-
-        def end_step(self, rollout, stats):
-            self.history.append(stats)
-    return train_grpo(model, None, None, optimizer, None, cfg.num_epochs, cfg.group_size, cfg.clip_eps,
-                      cfg.max_new_tokens, cfg=cfg, hooks=OneRollout(cfg, optimizer, ref_model))[0]
 
 
 # ----- The run folder: claimed before any work, written only by this run, resumable after any phase -----
@@ -1386,9 +1231,7 @@ def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
 @contextlib.contextmanager
 def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     clearable: Callable[[Path], bool] = lambda path: False):
-    """Hold RUN_DIR (locked) for this run alone until it ends: new or empty, or emptied when `clearable` says so (the
-    demo's own earlier run). If no config.json was written (bad input, or stopped while loading), what the claim
-    made is removed again."""
+    """RUN_DIR, locked, new or empty (or emptied where `clearable` says); without a config.json at the end, undone."""
     error, lock, made = None, None, []
     try:
         check_output_dir(run_dir, model_path, resume, clearable)
@@ -1419,11 +1262,22 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     folder.rmdir()
 
 
+def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
+    """A run's `prefill`: the KV cache of every prompt token but the last, once a prompt, repeated for its samples."""
+    import inspect
+    from transformers import DynamicCache
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = DynamicCache(config=model.config)
+    positions = position_ids_from_mask(attention_mask)                   # [prompts, prompt]
+    model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
+          use_cache=True, logits_to_keep=1, **{name: cache})
+    cache.batch_repeat_interleave(num_samples)
+    return {name: cache}
+
+
 @dataclass(eq=False, kw_only=True)
 class Run(LoopHooks):
-    """What the phases of one run share, and train_grpo's hooks (LoopHooks): where a resumed run stands, a step
-    filled with signal, out-of-memory halving, the learning-rate schedule, each step's record and checkpoint. Its
-    cfg is a RunConfig."""
+    """What a run's phases share, and train_grpo's hooks (LoopHooks); its cfg is a RunConfig."""
     run_dir: Path
     device: torch.device
     model: Any
@@ -1441,11 +1295,11 @@ class Run(LoopHooks):
     metrics_file: Any = None          # metrics.jsonl, open while training
 
     def rollouts(self, loader, num_epochs: int, sample_and_score):
-        """From where the run stands (its epoch, less the batches it used), each step drawing further batches of its
-        epoch, at most --max-draws, until --min-signal-groups groups' rewards differ (DAPO); the step then updates
-        on --batch-size groups (or that many), those with signal first. Up to --max-steps."""
+        """From where the run stands, each step drawing batches until enough groups' rewards differ (DAPO)."""
         cfg = self.cfg
-        with progress_bar(cfg, loader, self.start["step"]) as self.bar:
+        from tqdm.auto import tqdm
+        with tqdm(total=last_step(cfg, loader), initial=self.start["step"], desc="GRPO", dynamic_ncols=True,
+                  disable=None) as self.bar:
             for epoch, batches in epochs_from(loader, num_epochs, self.start):
                 for index, batch in batches:
                     if cfg.max_steps and self.done >= cfg.max_steps:
@@ -1456,6 +1310,8 @@ class Run(LoopHooks):
                     self.sampled = merge_rollouts(drawn, self.tokenizer.pad_token_id or 0)
                     yield groups_with_signal(self.sampled, cfg) if cfg.signal_groups else self.sampled
 
+    prefill = staticmethod(prefill_once)
+
     def retry(self, knob: str, fn: Callable):
         """fn(), after a Ctrl-C Python dropped (check_ctrl_c); on out-of-memory, cfg.<knob> halved and again."""
         check_ctrl_c()
@@ -1465,9 +1321,8 @@ class Run(LoopHooks):
         optimizer_step(model, optimizer)
 
     def end_step(self, rollout: Rollout, stats: dict) -> dict:
-        """After an update: the learning-rate schedule, the step's record (logged and checkpointed here), the
-        progress bar, and a stop asked for (Ctrl-C: the run stops after this step)."""
-        lr = self.optimizer.param_groups[0]["lr"]
+        """The schedule; the record, its metrics.jsonl line, then checkpoint, summary, plots; a stop asked for."""
+        cfg, run_dir, lr = self.cfg, self.run_dir, self.optimizer.param_groups[0]["lr"]
         with warnings.catch_warnings():        # counts steps, those without an optimizer step too
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
             self.scheduler.step()
@@ -1478,14 +1333,6 @@ class Run(LoopHooks):
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
                              entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
-        self.log_step(record)
-        if _ctrl_c["asked"]:
-            raise TrainingInterrupted(record["step"])
-        return record
-
-    def log_step(self, record: dict) -> None:
-        """The step's line in metrics.jsonl, then its checkpoint (every --save-every), summary and plots."""
-        cfg, run_dir = self.cfg, self.run_dir
         self.last_record, self.rng = record, rng_state(self.optimizer)
         self.updates_at_record = getattr(self.optimizer, "updates_begun", 0)
         self.metrics_file.write(json.dumps(record) + "\n")     # before the checkpoint: a kill between the two
@@ -1496,21 +1343,30 @@ class Run(LoopHooks):
         write_json(run_dir / "summary.json", self.summary)
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
             write_plots(run_dir, self.summary)
+        if _ctrl_c["asked"]:
+            raise TrainingInterrupted(record["step"])
+        return record
 
-    @contextlib.contextmanager
-    def training(self):
-        """While train_grpo runs: metrics.jsonl open; the first Ctrl-C only asks for a stop after the step in flight,
-        which is checkpointed; a failure mid-step checkpoints the last finished step unless an update had begun."""
+    def train(self) -> None:
+        """train_grpo with this run as its hooks, metrics.jsonl open; the first Ctrl-C asks for a stop after the step
+        in flight, which is checkpointed; a failure mid-step checkpoints the last step unless an update had begun."""
+        cfg = self.cfg
+        print("Starting GRPO training...")
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
         _ctrl_c.update(training=True, asked=0.0)
         self.metrics_file = open(own_path(self.run_dir / "metrics.jsonl"), "a")
         try:
-            yield
+            train_grpo(self.model, self.tokenizer, self.loader, self.optimizer, self.device, cfg.num_epochs,
+                       cfg.group_size, cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, hooks=self)
             checkpoint_now(self)      # still under the stop-after-this-step protection: a stop now loses no step
             if _ctrl_c["asked"]:
                 raise TrainingInterrupted
-            self.note_problems_ran_out()
+            if cfg.max_steps and (done := self.done) < cfg.max_steps:    # a step draws 1 + --max-draws batches at most
+                self.summary["problems_ran_out"] = True
+                print(f"warning: the training problems ran out after step {done}, short of --max-steps "
+                      f"{cfg.max_steps} (a step draws up to {1 + cfg.max_draws} batches): add --num-epochs to reach it",
+                      file=sys.stderr)
         except TrainingInterrupted:
             checkpoint_now(self)
             write_plots(self.run_dir, self.summary)
@@ -1524,15 +1380,6 @@ class Run(LoopHooks):
         finally:
             _ctrl_c["training"] = False
             self.metrics_file.close()
-
-    def note_problems_ran_out(self) -> None:
-        """Signal filling draws up to 1 + --max-draws batches a step: the data may end before --max-steps."""
-        cfg, done = self.cfg, self.last_record["step"] if self.last_record else self.start["step"]
-        if cfg.max_steps and done < cfg.max_steps:
-            self.summary["problems_ran_out"] = True
-            print(f"warning: the training problems ran out after step {done}, short of --max-steps "
-                  f"{cfg.max_steps} (a step draws up to {1 + cfg.max_draws} batches): add --num-epochs to reach it",
-                  file=sys.stderr)
 
 
 class TrainingInterrupted(Exception):
@@ -1551,7 +1398,12 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
         state = load_trainer_state(checkpoint)
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"][0], run.optimizer)
+        rng = state["rng"][0]
+        random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available():    # the GPU this process uses, whatever its index
+            torch.cuda.set_rng_state(rng["cuda"])
+        run.optimizer.load_rounding_state(rng["rounding"])
         run.start = {k: state[k] for k in run.start}
         run.done = run.start["step"]
         # Finished: at --max-steps, or its problems used up (a step may draw several batches: count batches)
@@ -1593,9 +1445,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
 
 
 def set_aside_end(run_dir: Path, summary: dict) -> dict:
-    """A finished run trained further: its final/, eval_after.jsonl and before_after.md move to
-    earlier-ends/step-N/ (with that end's summary), so that the run shows only its own end. Returns the summary,
-    unfinished, naming where that end went. A stop part way leaves the rest for the next resume to move."""
+    """A finished run trained further: its end (final/, evaluation after, summary) moves to earlier-ends/step-N/."""
     step = summary.get("steps", 0)
     folder = own_path(run_dir / "earlier-ends", folder=True) / f"step-{step}"
     own_path(folder, folder=True).mkdir(parents=True, exist_ok=True)
@@ -1605,15 +1455,13 @@ def set_aside_end(run_dir: Path, summary: dict) -> dict:
             os.replace(own_path(run_dir / name, folder=name == "final"), own_path(folder / name, name == "final"))
     print(f"{run_dir} had finished at step {step}: its final/ and evaluation after moved to {folder}")
     ended = {k: v for k, v in summary.items() if k not in ("accuracy_after", "after", "gained", "lost", "sign_test_p")}
-    ended = {**ended, "finished": False, "earlier_ends": summary.get("earlier_ends", []) + [f"earlier-ends/step-{step}"]}
+    ended.update(finished=False, earlier_ends=summary.get("earlier_ends", []) + [f"earlier-ends/step-{step}"])
     write_json(run_dir / "summary.json", ended)
     return ended
 
 
 def checked_inputs(run: Run, saved: dict, reads_model: bool) -> dict:
-    """Fingerprints of what the run reads: its training and evaluation problems, and the model folder when this
-    start reads it (a fresh start, a resume with no checkpoint yet, the KL reference, LoRA). A resume whose inputs
-    changed since the run began is refused: it would pair records of other problems, or train another model."""
+    """Fingerprints of the problems and model a start reads; a resume whose inputs changed is refused."""
     digest = lambda data: hashlib.sha256(json.dumps([data.prompts, data.answers], default=str).encode()).hexdigest()
     inputs = {"train": digest(run.loader.dataset) if run.loader else None, "eval": digest(run.eval_set),
               "model": folder_fingerprint(run.cfg.model_path) if reads_model else saved.get("model")}
@@ -1645,7 +1493,7 @@ def evaluate_before(run: Run) -> None:
     before = run.summary.get("before") if (run.run_dir / "eval_before.jsonl").exists() else None
     if before is not None:
         same_problems(read_jsonl(run.run_dir / "eval_before.jsonl"), [{"question": q} for q in run.eval_set.questions])
-    if before is None:
+    else:
         print(f"Evaluating the starting model on {len(run.eval_set)} {run.cfg.eval_split} problems...")
         before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, "eval before", run)
         write_jsonl(run.run_dir / "eval_before.jsonl", records)
@@ -1668,20 +1516,16 @@ def score_only(run: Run) -> None:
           f"{scores['format_rate']:.0%})")
     run.summary = {"eval_only": True, "accuracy": scores["accuracy"], "evaluation": scores,
                    "scored": {"model": cfg.model_path, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                              "problems": f"{cfg.eval_split} {number_ranges(cfg.eval_start + i for i in run.eval_set.rows)}"},
+                              "problems": f"{cfg.eval_split} " + number_ranges(cfg.eval_start + i
+                                                                               for i in run.eval_set.rows)},
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": True}
     write_json(run.run_dir / "summary.json", run.summary)
 
 
 def number_ranges(numbers) -> str:
     """Sorted whole numbers as runs: 0, 1, 2, 5, 7, 8 -> '0-2, 5, 7-8'."""
-    runs = []
-    for n in sorted(numbers):
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+    runs = [[n for _, n in run] for _, run in itertools.groupby(enumerate(sorted(numbers)), lambda p: p[1] - p[0])]
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
 
 
 def checkpoint_now(run: Run) -> None:
@@ -1693,10 +1537,9 @@ def checkpoint_now(run: Run) -> None:
 
 
 def finish_run(run: Run) -> None:
-    """Evaluate the trained policy (checkpointed by train_phase), then write final/ (renamed into place) and the
-    record."""
+    """Evaluate the trained policy (checkpointed by Run.train), then write final/ (renamed into place), records."""
     cfg, run_dir = run.cfg, run.run_dir
-    print("Training completed!")     # after train_phase's checkpoint: --resume comes back to this point
+    print("Training completed!")     # after Run.train's checkpoint: --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
     after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval after", run)
     before_records = read_jsonl(run_dir / "eval_before.jsonl")
@@ -1721,8 +1564,7 @@ def finish_run(run: Run) -> None:
 # ----- Records and checkpoints: JSON and safetensors, each written whole or not at all -----
 
 def own_path(path: Path, folder: bool = False) -> Path:
-    """`path`, once checked that this run may write or remove it: not a symlink (writing would go through to
-    whatever it points at), and a regular file or a folder as this run makes them, or nothing yet."""
+    """`path`, checked that this run may write or remove it: no symlink, and a file or folder as this run makes them."""
     if path.is_symlink() or (path.exists() and path.is_dir() != folder):
         raise UserError(f"{path} is not a {'folder' if folder else 'regular file'} of this run; not writing through it")
     return path
@@ -1763,8 +1605,7 @@ def read_json(path: Path) -> dict:
 
 
 def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
-    """Rows of a JSON-lines record, each an object (with a whole number under `key` when given). A torn last line
-    (the process died mid-write) is dropped with a warning; any other damage is one UserError."""
+    """Rows of a JSON-lines record (a whole number under `key`); a torn last line is dropped, other damage refused."""
     if not path.exists():
         return []
     try:
@@ -1787,9 +1628,7 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
 
 
 def flips(before: list[dict], after: list[dict]) -> dict:
-    """A paired comparison of two evaluations of the same problems: gained (wrong -> right), lost (right -> wrong),
-    and the two-sided exact sign test over those flips, the chance of a split at least this lopsided if a flip
-    were as likely either way (unchanged problems carry no information about the difference)."""
+    """Two evaluations of the same problems paired: gained, lost, and the exact two-sided sign test over the flips."""
     gained = sum(a["correct"] and not b["correct"] for b, a in zip(before, after))
     lost = sum(b["correct"] and not a["correct"] for b, a in zip(before, after))
     n, k = gained + lost, min(gained, lost)
@@ -1800,8 +1639,8 @@ def flips(before: list[dict], after: list[dict]) -> dict:
 def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, rollout: Rollout, stats: dict,
                 cfg: Config, lr: float, gen_seconds: float, update_seconds: float) -> dict:
     """One line of metrics.jsonl: the step's samples (all drawn: `sampled`; updated on: `rollout`)."""
-    rewards, lengths, truncated = (t.cpu().float() for t in (sampled.rewards, sampled.completion_lengths,
-                                                             sampled.truncated))
+    rewards, lengths, truncated = (sampled.rewards.cpu().float(), sampled.completion_lengths.cpu().float(),
+                                   sampled.truncated.cpu().float())
     kept = int(spread(rollout.rewards, cfg.group_size).sum())
     has_spread = spread(rewards, cfg.group_size)                               # [groups drawn]
     record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
@@ -1823,10 +1662,7 @@ def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, ro
 
 
 def save_model(path: Path, model, tokenizer, final: bool = False) -> None:
-    """save_pretrained. Under LoRA a checkpoint holds the adapters; `final` holds them in
-    adapter/ and the model with them merged in, which loads without peft: merged in fp32 and kept so, since a merge
-    into bf16 weights rounds away every update below half a bf16 step (most of them at lr 1e-5), and final/ would
-    not be the model that was trained and scored. It costs twice the disk of bf16 weights, once, at the end."""
+    """save_pretrained; under LoRA final/ adds the model merged in fp32 (into bf16, small updates round away)."""
     adapters = model.__dict__.get("peft_model")
     if adapters is not None:
         adapters.save_pretrained(path / "adapter" if final else path)
@@ -1835,17 +1671,8 @@ def save_model(path: Path, model, tokenizer, final: bool = False) -> None:
     tokenizer.save_pretrained(path)
 
 
-def set_rng_state(rng: dict, optimizer) -> None:
-    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] is not None and torch.cuda.is_available():    # the GPU this process uses, whatever its index
-        torch.cuda.set_rng_state(rng["cuda"])
-    optimizer.load_rounding_state(rng["rounding"])
-
-
 def to_plain(obj, tensors: dict[str, torch.Tensor]):
-    """JSON-ready copy of nested dicts, lists and scalars, each tensor moved to `tensors` as {"tensor": key}: reading
-    a checkpoint (JSON + safetensors) never unpickles, which can run code. Dicts become item lists (int keys)."""
+    """JSON of nested dicts, lists and scalars, tensors moved to `tensors`: a checkpoint is never unpickled."""
     if torch.is_tensor(obj):
         tensors[key := str(len(tensors))] = obj.detach().cpu().contiguous()
         return {"tensor": key}
@@ -1870,9 +1697,7 @@ TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
     """replace_file for a folder: written whole as PATH.tmp, then renamed into place."""
-    tmp = path.with_name(path.name + ".tmp")
-    for folder in (path, tmp):
-        own_path(folder, folder=True)
+    tmp, _ = own_path(path.with_name(path.name + ".tmp"), folder=True), own_path(path, folder=True)
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     shutil.rmtree(path, ignore_errors=True)
@@ -1886,10 +1711,8 @@ def rng_state(optimizer) -> dict:
             "rounding": optimizer.rounding_state()}
 
 
-def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict,
-                    rng: dict | None = None) -> Path:
-    """Everything needed to continue bit-for-bit: weights, optimizer, schedule, data position, random streams
-    (`rng`, as the step left them; now, if not given)."""
+def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, rng: dict | None = None):
+    """Weights, optimizer, schedule, data position and random streams (`rng`): all a bit-identical resume needs."""
     from safetensors.torch import save_file
 
     def write(tmp: Path) -> None:
@@ -1901,8 +1724,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
         (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
         save_file(tensors, tmp / TRAINER_STATE[1])
 
-    path = own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}"
-    replace_folder(path, write)
+    replace_folder(path := own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}", write)
     return path
 
 
@@ -1915,8 +1737,8 @@ def load_trainer_state(checkpoint: Path) -> dict:
     """The trainer state save_checkpoint wrote; UserError naming the files if they are missing or damaged."""
     from safetensors.torch import load_file
     try:
-        state = from_plain(json.loads(read_text(checkpoint / TRAINER_STATE[0])),
-                           load_file(checkpoint / TRAINER_STATE[1]))
+        json_file, tensor_file = (checkpoint / name for name in TRAINER_STATE)
+        state = from_plain(json.loads(read_text(json_file)), load_file(tensor_file))
         if not {"optimizer", "scheduler", "step", "epoch", "batch_in_epoch", "rng"} <= set(state):
             raise ValueError("keys are missing")
         if any(type(state[k]) is not int or state[k] < 0 for k in ("step", "epoch", "batch_in_epoch")) or \
@@ -2011,8 +1833,7 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
 
 
 def literal(text: str) -> str:
-    """Markdown that shows `text` as written: every ASCII punctuation mark escaped (no HTML, LaTeX math, emphasis or
-    table cells from a model's output), line breaks as <br> (a table cell is one line)."""
+    """Markdown showing `text` as written: ASCII punctuation escaped, line breaks as <br> (a table cell is a line)."""
     return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text).replace("\n", "<br>")
 
 
@@ -2055,8 +1876,7 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
         for b, a in chosen[:limit]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
                       "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
-    path = run_dir / "before_after.md"
-    replace_file(path, lambda tmp: tmp.write_text("\n".join(lines)))
+    replace_file(path := run_dir / "before_after.md", lambda tmp: tmp.write_text("\n".join(lines)))
     return path
 
 
@@ -2082,9 +1902,7 @@ def pick_device(name: str) -> torch.device:
 
 
 def weight_dtype(name: str, device: torch.device) -> torch.dtype:
-    """--dtype auto: bf16 where it is computed natively: GPUs of compute capability 8.0 on (A100, A10G, L4, RTX 30xx
-    and later), CPUs with AVX512-BF16 or AMX; fp32 elsewhere, where bf16 is emulated slowly (T4, V100, CPUs with
-    AVX2 only) or fails in cuBLAS (P40, M40)."""
+    """--dtype auto: bf16 where native (GPUs from compute capability 8.0, CPUs with AVX512-BF16 or AMX), else fp32."""
     if name != "auto":
         return getattr(torch, name)
     if device.type != "cuda":            # a CPU with AVX512-BF16 or AMX: bf16 is ~2x fp32 (tests/bench_dtype.py)
@@ -2100,9 +1918,11 @@ def weight_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def check_kv_cache_fits(cfg: RunConfig, model, device: torch.device) -> None:
-    """On a CPU, refuse a generation or evaluation batch whose KV cache alone would outgrow the memory available: the
-    OS would kill the run without a word (exit 137). On CUDA, out of memory is caught and the batch halved instead."""
-    config, available = getattr(model, "config", None), available_memory()
+    """On a CPU, refuse a batch whose KV cache outgrows the memory left (the OS would kill the run without a word)."""
+    config, available = getattr(model, "config", None), None
+    with contextlib.suppress(OSError, ValueError, StopIteration):       # what the kernel says a process can take
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        available = int(next(line for line in meminfo if line.startswith("MemAvailable:")).split()[1]) * 1024
     heads = getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else None)
     layers, kv_heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_key_value_heads", None) or heads
@@ -2119,14 +1939,6 @@ def check_kv_cache_fits(cfg: RunConfig, model, device: torch.device) -> None:
                             f"available: lower it (--group-size divides --generation-batch-size)")
 
 
-def available_memory() -> int | None:
-    """Bytes of memory the kernel says a process can still take (Linux), or None where it does not say."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemAvailable:"))
-        return int(line.split()[1]) * 1024
-    return None
-
-
 def enable_checkpointing(model) -> None:
     """Activation checkpointing for the update (gradient_checkpointing_enable before transformers 5.x renamed it)."""
     if hasattr(model, "activation_checkpointing_enable"):
@@ -2134,18 +1946,9 @@ def enable_checkpointing(model) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def seed_everything(seed: int) -> None:
-    """The sampling streams; data order is seeded apart (the loader's sampler)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class AdamWStochasticRounding(torch.optim.Optimizer):
-    """AdamW with fp32 moments and an fp32 update, written back to bf16 weights by stochastic rounding (fp32 weights
-    get ordinary AdamW). Round-to-nearest drops any update below half a bf16 ulp (~0.4% of the weight): at lr 1e-6
-    nearly all; rounding up or down with probability proportional to the distance keeps the expected weight exact.
-    Slices of SLICE elements keep the fp32 temporaries ~100 MB (whole, Qwen's embedding would need ~5 GiB). The
-    noise has its own generator, so that a checkpoint saves and restores it (resume is bit-exact)."""
+    """AdamW with fp32 moments, its update written to bf16 weights by stochastic rounding (round-to-nearest drops
+    nearly every update at lr 1e-6); slices keep temporaries ~100 MB; the noise's generator is checkpointed."""
     SLICE = 1 << 22
 
     def __init__(self, params, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0):
@@ -2184,8 +1987,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
                                        if weight.dtype == torch.bfloat16 else new)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch casts floating-point state to the parameter's dtype on load: the fp32 moments of bf16 weights
-        would come back as bf16 (rounded, and the next step fails). Put the saved ones back as they were."""
+        """The saved fp32 moments as they were: torch casts them to the bf16 weights' dtype (the next step fails)."""
         super().load_state_dict(state_dict)
         ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
@@ -2198,8 +2000,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         return {device: g.get_state() for device, g in self.generators.items()}
 
     def load_rounding_state(self, states: dict) -> None:
-        """The saved noise of each device the weights are on; another device's (a CUDA run resumed on a CPU, whose
-        torch may have no CUDA at all) cannot continue here, and the rounding starts a fresh stream."""
+        """The saved noise of each device the weights are on (another device's starts a fresh stream)."""
         here = {str(p.device) for group in self.param_groups for p in group["params"]}
         for device, state in states.items():
             if device in here:
@@ -2220,8 +2021,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def optimizer_step(model, optimizer) -> None:
-    """optimizer.step(), where running out of memory is final: a smaller micro-batch changes nothing the step
-    holds, and a retried step would update the moments and weights it had already updated a second time."""
+    """optimizer.step(), where out of memory is final: a retried step would update moments and weights twice."""
     optimizer.updates_begun = getattr(optimizer, "updates_begun", 0) + 1     # a failure from here: weights mid-update
     try:
         optimizer.step()
@@ -2246,8 +2046,7 @@ class OutOfMemory(Exception):
 
 
 def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
-    """Run fn; on out-of-memory, free the cache, halve cfg.<knob> and retry; give up at the floor. Given the
-    optimizer, never retry once fn began an optimizer step: the retry would apply the step a second time."""
+    """fn(); on out-of-memory, halve cfg.<knob> and retry down to its floor, never once an optimizer step began."""
     begun = getattr(optimizer, "updates_begun", 0)
     while True:
         try:
@@ -2264,19 +2063,15 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
                 raise OutOfMemory("out of memory after this step's optimizer update began: not retried, which "
                                   "would apply it twice", smaller) from None
             if not smaller:
-                raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, "
-                                  f"or start a new run with lower --max-new-tokens, --group-size or --batch-size") \
-                    from None
+                raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, or "
+                                  f"start anew with lower --max-new-tokens, --group-size or --batch-size") from None
             setattr(cfg, knob, halved)
             print(f"warning: out of GPU memory; retrying with{smaller}", file=sys.stderr)
 
 
 def contiguous_lm_head_input(model) -> None:
-    """The LM head gets a contiguous input from now on (a hook, set once). generate() and prefill_once ask for the
-    last position's logits only (logits_to_keep=1), a strided [rows, 1, hidden] slice; in bf16 on a CPU, oneDNN's
-    matmul on such an input broadcasts the [vocab, hidden] weight over the rows where that weight is frozen (LoRA,
-    the KL reference): 8 rows took 7 s instead of 0.03 s for Qwen's head, and at 100 rows the 27 GB it asks for
-    fails, after which PyTorch turns oneDNN off for the whole process and every bf16 matmul runs ~10x slower."""
+    """A contiguous input for the LM head: on generate()'s strided slice, oneDNN's bf16 matmul with a frozen head asks
+    27 GB for 100 rows, fails, and turns itself off for the process (every bf16 matmul ~10x slower)."""
     head = model.get_output_embeddings()
     if head is not None and not getattr(head, "contiguous_input", False):
         head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
@@ -2284,13 +2079,10 @@ def contiguous_lm_head_input(model) -> None:
 
 
 def with_lora(model, cfg: RunConfig, checkpoint: Path | None):
-    """The model with peft's LoRA adapters in its linear layers (only they train), new or a checkpoint's. Training
-    runs the model itself, whose layers peft changed in place; peft's wrapper is kept beside it to save them."""
+    """The model with peft's LoRA adapters (new or a checkpoint's) in its linear layers; the wrapper kept to save."""
     from peft import LoraConfig, PeftModel, get_peft_model
-    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in
-                                                                         cfg.lora_targets.split(",") if t.strip()]
-    # Only the body's linear layers: Qwen ties the embedding to the LM head (a merge there would change both), and
-    # a misspelt name would pass in silence
+    targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else re.findall(r"[^,\s]+", cfg.lora_targets)
+    # Only the body's linear layers (Qwen ties its embedding to the head); a misspelt name would pass in silence
     linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.base_model.named_modules()
                      if type(module) is torch.nn.Linear})
     unknown = [] if targets == "all-linear" else [t for t in targets if t not in linear]
@@ -2315,7 +2107,8 @@ def with_lora(model, cfg: RunConfig, checkpoint: Path | None):
 # ----- Data and generated tasks: loading hub-layout folders, and word problems -----
 
 def load_split(dataset: str, split: str):
-    """load_gsm8k, failing in one line when the data is not there, and never reading a run folder under it."""
+    """GSM8KDataset's loading, in one line on failure; never a run folder's files; a fresh cache for a folder."""
+    import datasets
     local, is_local = Path(dataset), looks_local(dataset)
     layout = "GSM8K in hub layout (main/train-*.parquet and main/test-*.parquet)"
     if is_local and local.exists() and not local.is_dir():
@@ -2326,7 +2119,11 @@ def load_split(dataset: str, split: str):
     if is_local and not any(local.iterdir()):
         raise UserError(f"dataset folder {dataset} is empty: put {layout} there")
     try:
-        rows = load_gsm8k(dataset, split, data_files_outside_runs(local) if is_local else None)
+        name = "main" if not is_local or "main" in datasets.get_dataset_config_names(dataset) else None
+        with tempfile.TemporaryDirectory() as cache:
+            rows = datasets.load_dataset(dataset, name, split=split, **(
+                {"cache_dir": cache, "keep_in_memory": True} if is_local else {}),
+                data_files=None if name else data_files_outside_runs(local))
     except Exception as e:  # datasets raises many types for a bad slice, config or path
         if "corresponds to no data" in str(e):
             raise UserError(f"split {split!r} of {dataset} has no rows (a start past its end? lower --eval-start or "
@@ -2341,8 +2138,7 @@ def load_split(dataset: str, split: str):
 
 
 def data_files_outside_runs(folder: Path) -> dict:
-    """The split files datasets would infer from `folder`'s file names, less those inside a run folder under it:
-    a run's eval_before.jsonl would be read as a test file (its 'eval'), and a demo's data as training problems."""
+    """The split files datasets infers from `folder`'s names, less those of a run folder in it (eval_*.jsonl: test)."""
     from datasets.data_files import DataFilesDict, get_data_patterns
     inferred = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
     in_run = lambda file: any(is_run_dir(d) for d in Path(file).parents if folder.resolve() in d.resolve().parents)
@@ -2361,8 +2157,8 @@ def enough_rows(rows, split: str, dataset: str = ""):
 
 
 def checked_problems(rows, where: str) -> tuple[list[str], list, list[int]]:
-    """Questions, golds and row numbers of GSM8K-format `rows` that can train, or UserError when they cannot train: missing columns, questions
-    that are not text, or more than a few golds that do not parse (their reward would be 0 whatever the model says)."""
+    """Questions, golds and row numbers of the GSM8K-format `rows` that can train; UserError when missing columns,
+    questions not text or more than a few golds that do not parse (reward 0 whatever the model says) mean bad data."""
     columns = set(rows.column_names) if hasattr(rows, "column_names") else set(rows[0]) if len(rows) else set()
     if len(rows) and (missing := sorted({"question", "answer"} - columns)):
         raise UserError(f"{where} has no {' and no '.join(map(repr, missing))} column (GSM8K's are 'question' and "
@@ -2419,14 +2215,12 @@ def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), s
             work = [f"{a} - {b} = {a - b}", f"{a - b} + {c} = {a - b + c}"]
         if question not in seen:
             seen.add(question)
-            total = work[-1].rsplit(" ", 1)[1]
-            problems.append({"question": question, "answer": "\n".join(work) + f"\n#### {total}"})
+            problems.append({"question": question, "answer": "\n".join(work) + f"\n#### {work[-1].rsplit(' ', 1)[1]}"})
     return problems
 
 
 def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
-    """A fixed test set, and training problems that never repeat one of its questions (whatever the seed). The test
-    set's generator seed is one that no choice of settings ever scored (settings were chosen on Random(steps)'s)."""
+    """A fixed test set (a seed no choice of settings ever scored), and training problems never repeating it."""
     test = word_problems(200, random.Random(f"held-out test {steps}"), steps=steps)
     problems = test if split == "test" else \
         word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
@@ -2435,8 +2229,7 @@ def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
 
 @dataclass(frozen=True)
 class Task:
-    """Where a task's problems come from and what its prompt asks. Every task is in GSM8K's format (a question; an
-    answer ending '#### N') and is rewarded and scored as GSM8K is."""
+    """Where a task's problems come from and what its prompt asks; every task is in GSM8K's format, scored as it."""
     instruction: str
     steps: int = 0      # word problems of this many steps, generated when no --dataset is given; 0: GSM8K
 
@@ -2470,9 +2263,7 @@ DEMO_CHAT_TEMPLATE = "{% for m in messages if m['role'] == 'user' %}{{ m['conten
 
 
 def build_byte_tokenizer(chat_template: str = DEMO_CHAT_TEMPLATE):
-    """A byte-level BPE tokenizer (one token per byte) with Qwen's special tokens; pad is one of two EOS tokens.
-    Byte-level, because transformers may reload a qwen2 folder through Qwen2Tokenizer, which re-applies byte-level
-    pre-tokenization: a byte vocabulary survives that, a character vocabulary would not."""
+    """A byte-level BPE tokenizer (a reload as Qwen2Tokenizer keeps it) with Qwen's special tokens; pad is an EOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
@@ -2525,8 +2316,7 @@ def demo_grpo_config(cfg: RunConfig) -> RunConfig:
 
 def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, seed: int,
                       prompt_style: str = "plain") -> int:
-    """Teach the answer format on training problems until `warmup_target` accuracy: GRPO learns only from groups
-    whose rewards differ, so a policy that is never right gets no signal, and one always right has nothing to learn."""
+    """Teach the answer format until `warmup_target` accuracy: a policy never right gives GRPO no signal."""
     prompts = [build_prompt(p["question"], tokenizer, prompt_style) for p in problems]
     targets = ["#### " + p["answer"].rsplit("####", 1)[1].strip() + tokenizer.eos_token for p in problems]
     optimizer = torch.optim.AdamW(model.parameters(), lr=demo.warmup_lr)
@@ -2566,8 +2356,7 @@ def is_demo_run(run_dir: Path) -> bool:
 
 
 def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
-    """Build a tiny model and task, warm it up, save both, then run the real pipeline on them from disk. It starts
-    over each time, so it may clear its own earlier run (marked by demo.json), and nothing else."""
+    """A tiny model and task, warmed up and saved, through the real pipeline; it may clear its own earlier run."""
     t0 = time.perf_counter()
     validate_config(cfg)
     run_dir = Path(cfg.output_dir)
@@ -2591,7 +2380,8 @@ def build_demo(cfg: RunConfig, demo: DemoConfig, run_dir: Path) -> int:
     """Write RUN_DIR/demo_data (hub layout) and RUN_DIR/demo_model (warmed up); return the warm-up steps."""
     t0 = time.perf_counter()
     write_json(run_dir / "demo.json", {"demo": True, "seed": cfg.seed})
-    seed_everything(cfg.seed)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)       # the test problems: a stream no screening of the demo's settings scored
     test = word_problems(demo.test_problems, random.Random(f"held-out test {cfg.seed}"))
     train = word_problems(demo.train_problems, rng, exclude={p["question"] for p in test})

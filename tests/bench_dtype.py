@@ -1,7 +1,7 @@
 """bf16 against fp32 on this CPU, side by side in one run: what `--dtype auto` chooses between on a CPU.
 
 The three phases of a run, each timed in both precisions on the same model, prompts and seed: generation (a step's
-sampling, G samples per prompt at temperature 1), the update (grpo_update on that rollout, every row given a
+sampling, G samples per prompt at temperature 1), the update (train_grpo's update, update_once, on that rollout, every row given a
 nonzero advantage so that every row runs forward and backward) and the evaluation (greedy answers, with the
 weights frozen as under LoRA or for the KL reference: the case where a strided LM-head input in bf16 used to
 make oneDNN broadcast the head's weight, see contiguous_lm_head_input). Each precision warms up first (one short
@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
+from conftest import update_once  # noqa: E402  (train_grpo's step 4 on a rollout made here)
 from bench_step import GSM8K, sampled_rollout  # noqa: E402
 
 
@@ -46,13 +47,13 @@ def measure(args, dtype: str) -> dict:
     warm = dataclasses.replace(cfg, group_size=2, max_new_tokens=4, micro_batch_size=2)
     small = {k: v[:1] if torch.is_tensor(v) or isinstance(v, list) else v for k, v in batch.items()}
     warm_rollout = sampled_rollout(model, tokenizer, small, warm, device)
-    gh.update_once(model, optimizer, dataclasses.replace(warm_rollout, advantages=torch.ones(2)), warm)
+    update_once(model, optimizer, dataclasses.replace(warm_rollout, advantages=torch.ones(2)), warm)
     out = {}
     torch.manual_seed(1)
     out["generation"], rollout = timed(lambda: sampled_rollout(model, tokenizer, batch, cfg, device))
     spread = dataclasses.replace(rollout, advantages=torch.randn(rollout.advantages.shape,
                                                                  generator=torch.Generator().manual_seed(0)))
-    out["update"], _ = timed(lambda: gh.update_once(model, optimizer, spread, cfg))
+    out["update"], _ = timed(lambda: update_once(model, optimizer, spread, cfg))
     model.requires_grad_(False)
     eval_set = gh.GSM8KDataset(f"test[:{args.eval_size}]", tokenizer, dataset_path=args.dataset)
     out["evaluation (frozen weights)"], _ = timed(lambda: gh.evaluate(model, tokenizer, eval_set, cfg, device))

@@ -1,7 +1,7 @@
 """The real job's memory and speed with Qwen2.5-1.5B-Instruct's exact shape, randomly initialised (no download).
 
 Weights are not needed to measure memory and speed: a model of Qwen2.5-1.5B's configuration allocates and
-computes exactly as the real one. It runs the pipeline's own functions (generate_completions, grpo_update with
+computes exactly as the real one. It runs the pipeline's own functions (generate_completions, train_grpo's update (update_once) with
 micro-batches, build_optimizer, save_checkpoint) on synthetic prompts of GSM8K's length, in the CLI's precision
 (bf16 on CUDA, fp32 on CPU), and prints per config: peak allocated and reserved GPU memory, seconds for
 generation and update, generated and update tokens/s, and the decode step against its bandwidth bound (weight
@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
+from conftest import update_once  # noqa: E402  (train_grpo's step 4 on a rollout made here)
 
 QWEN25_15B = dict(vocab_size=151_936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6,
@@ -114,7 +115,7 @@ def training_steps(model, cfg: gh.RunConfig, steps: int, prompt_tokens: int, dev
                              sample["prompt_length"], sample["completions"], rewards,
                              gh.compute_advantages_grpo(rewards, cfg.group_size), sample["truncated"].cpu(),
                              sample["completion_lengths"].cpu())
-        gh.update_once(model, optimizer, rollout, cfg)
+        update_once(model, optimizer, rollout, cfg)
         sync(device)
         t2 = time.perf_counter()
         peak = f", peak allocated {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else ""

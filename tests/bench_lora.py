@@ -2,7 +2,7 @@
 
 Both modes load the same weights and sample the same rollout (the same seed; LoRA's B starts at 0, so the two
 policies are the same distribution at the start), then time, each in its own process so that peak memory is its
-own: generation (generate_completions), the update's forward and backward (grpo_update with every row given a
+own: generation (generate_completions), the update's forward and backward (train_grpo's, update_once, with every row given a
 random nonzero advantage, so every row runs), the optimizer step alone, and what a checkpoint writes
 (save_model). Peak memory is the process's peak RSS after the model is loaded (/proc/self/clear_refs), so it is
 what the step adds over the weights.
@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
+from conftest import update_once  # noqa: E402  (train_grpo's step 4 on a rollout made here)
 from bench_step import SMOLLM2, sampled_rollout  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def measure(args) -> dict:
             seconds["optimizer"] = time.perf_counter() - t
         gh.optimizer_step = timed_step
         try:
-            gh.update_once(model, optimizer, rollout, cfg)
+            update_once(model, optimizer, rollout, cfg)
         finally:
             gh.optimizer_step = real_step
         t2 = time.perf_counter()

@@ -6,7 +6,7 @@ per group (prefill_once), and rows without signal run no pass (rows_with_signal)
 
 Each step samples one rollout as train_grpo does (sampled_rollout) both ways from the same seed, timing each,
 then times on today's rollout, from the same weights: the no-grad log-prob pass that the old policy
-(--ppo-epochs > 1) and the reference (--kl-coef > 0) use, and grpo_update; and grpo_update again on a copy of
+(--ppo-epochs > 1) and the reference (--kl-coef > 0) use, and the update (update_once); and the update again on a copy of
 the rollout with every advantage 0 (a step without signal). The timed update gives every row a random nonzero
 advantage, since a step's own rewards may have no spread at all. Weights and optimizer are restored after
 every timing, so both paths do the same work.
@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
+from conftest import update_once  # noqa: E402  (train_grpo's step 4 on a rollout made here)
 
 SMOLLM2 = os.environ.get("GRPO_SMOLLM2") or str(Path.home() / ".cache/grpo-homework/SmolLM2-135M-Instruct")
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
@@ -40,7 +41,7 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
 
 def previous_path():
     """Generation, log-prob pass and update as they were: one prompt per row, and every row runs."""
-    return {"prefill_once": lambda *args: None,         # generate() then prefills each row itself
+    return {"prefill_once": lambda *args: {},           # no shared cache: generate() prefills each row itself
             "rows_with_signal": lambda rollout, cfg: rollout}
 
 
@@ -48,7 +49,8 @@ def sampled_rollout(model, tokenizer, batch, cfg, device) -> gh.Rollout:
     """train_grpo's steps 1-3 on one batch: sample, reward, advantages."""
     sample = gh.generate_completions(model, tokenizer, batch["input_ids"].to(device),
                                      batch["attention_mask"].to(device), cfg.max_new_tokens, cfg.temperature,
-                                     cfg.group_size, batch_size=cfg.generation_batch_size)
+                                     cfg.group_size, batch_size=cfg.generation_batch_size,
+                                     prefill=lambda *args: gh.prefill_once(*args))     # the run's, as patched
     golds = [gold for gold in batch["answers"] for _ in range(cfg.group_size)]
     rewards = gh.compute_reward(sample["completions"], golds, format_reward=cfg.format_reward,
                                 strict_answer=cfg.strict_answer)
@@ -87,10 +89,10 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
         with patched(patches):
             out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(model, rollout,
                                                                                                  cfg)),
-               "update, every group with spread": timed(lambda: gh.update_once(model, optimizer, spread, cfg))}
+               "update, every group with spread": timed(lambda: update_once(model, optimizer, spread, cfg))}
             model.load_state_dict(weights)
             optimizer.load_state_dict(state)
-            out["update, no group with spread"] = timed(lambda: gh.update_once(model, optimizer, silent, cfg))
+            out["update, no group with spread"] = timed(lambda: update_once(model, optimizer, silent, cfg))
     finally:
         model.load_state_dict(weights)
         optimizer.load_state_dict(state)

@@ -29,6 +29,23 @@ def pytest_configure(config):
     for spec in OUR_DEPRECATIONS.split(","):
         config.addinivalue_line("filterwarnings", spec)
 
+def update_once(model, optimizer, rollout, cfg, ref_model=None) -> dict:
+    """train_grpo's step 4 on a rollout made here, through its seam (LoopHooks): the update's statistics. The
+    optimizer step is the run's (gh.optimizer_step, looked up at the call: a benchmark may time it)."""
+    class OneRollout(gh.LoopHooks):
+        def rollouts(self, loader, num_epochs, sample_and_score):
+            self.sampled = rollout
+            yield rollout
+
+        def optimizer_step(self, model, optimizer):
+            gh.optimizer_step(model, optimizer)
+
+        def end_step(self, rollout, stats):
+            self.history.append(stats)
+    return gh.train_grpo(model, None, None, optimizer, None, cfg.num_epochs, cfg.group_size, cfg.clip_eps,
+                         cfg.max_new_tokens, cfg=cfg, hooks=OneRollout(cfg, optimizer, ref_model))[0]
+
+
 # Hand-written, GSM8K style: reasoning, then '#### <number>' (one with a thousands separator).
 PROBLEMS = [
     {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",

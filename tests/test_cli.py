@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import grpo_homework as gh
-from conftest import PROBLEMS, ROOT, cli_env
+from conftest import PROBLEMS, ROOT, cli_env, update_once
 
 SCRIPT = str(ROOT / "grpo_homework.py")
 PROGRESS = ["Loading tokenizer and model...", "Loading dataset...", "Setting up optimizer...",
@@ -268,7 +268,7 @@ def test_out_of_memory_in_the_optimizer_step_is_final_not_retried(model_and_toke
         raise error
     monkeypatch.setattr(optimizer, "step", step_that_runs_out)
     with pytest.raises(gh.UserError) as caught:
-        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.update_once(model, optimizer, rollout, cfg))
+        gh.halve_on_oom(cfg, "micro_batch_size", lambda: update_once(model, optimizer, rollout, cfg))
     message = str(caught.value)
     assert steps == [1] and cfg.micro_batch_size == 4
     assert "optimizer step" in message and "AdamW moments" in message and "--lora-rank 16" in message
@@ -295,27 +295,27 @@ def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenize
         return real(*args, **kwargs)
     monkeypatch.setattr(gh, "compute_logprobs_from_model", logprobs)
     with pytest.raises(gh.OutOfMemory, match="not retried") as caught:
-        gh.halve_on_oom(cfg, "micro_batch_size", lambda: gh.update_once(model, optimizer, rollout, cfg), optimizer)
+        gh.halve_on_oom(cfg, "micro_batch_size", lambda: update_once(model, optimizer, rollout, cfg), optimizer)
     assert all(state["step"] == 1 for state in optimizer.state.values()), fails_in
     assert cfg.micro_batch_size == 4 and caught.value.resume_flags == " --micro-batch-size 2"
 
 
 def test_out_of_memory_at_the_smallest_batch_mid_run_names_the_checkpoint_and_a_resume_that_works(
         model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch):
-    out, real, calls = tmp_path / "run", gh.update_once, []
+    out, real, calls = tmp_path / "run", gh.UpdateBook, []
 
-    def update(*args, **kwargs):
+    def update(*args, **kwargs):                             # each try of step 4 begins with its book
         calls.append(1)
         if len(calls) > 1:                                   # step 2 on: every micro-batch size runs out
             raise torch.OutOfMemoryError("CUDA out of memory")
         return real(*args, **kwargs)
-    monkeypatch.setattr(gh, "grpo_update", update)
+    monkeypatch.setattr(gh, "UpdateBook", update)
     assert gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "3")]) == 2
     assert len(calls) == 3                                   # step 1, then --micro-batch-size 3 -> 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "out of memory even at --micro-batch-size 1" in last, last
     assert f"--resume {out} (from checkpoints/step-1)" in last, last
-    monkeypatch.setattr(gh, "grpo_update", real)        # the resume the line names runs, on a device with room
+    monkeypatch.setattr(gh, "UpdateBook", real)         # the resume the line names runs, on a device with room
     assert gh.main(["--resume", str(out)]) == 0
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
@@ -363,6 +363,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
 model = Qwen2ForCausalLM(config).to(torch.bfloat16).requires_grad_(False)       # frozen, as under LoRA
+gh.contiguous_lm_head_input(model)              # as load_model_and_tokenizer sets it for every model a run loads
 ids = torch.randint(3, 200, (100, 6))
 gh.generate_completions(model, gh.build_byte_tokenizer(), ids, torch.ones_like(ids), 2, temperature=0.0, num_samples=1)
 print("oneDNN on:", torch.backends.mkldnn.enabled)
@@ -437,7 +438,10 @@ def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer,
     monkeypatch.setattr(model, "generate", generate)
     dataset = gh.GSM8KDataset("train", tok, dataset_path=str(gsm8k_dir))
     cfg = gh.Config(eval_batch_size=8, max_new_tokens=3)
-    scores, records = gh.evaluate(model, tok, dataset, cfg, torch.device("cpu"))
+    import types
+    run = types.SimpleNamespace(cfg=cfg, optimizer=None)          # what Run.retry reads: the run's halving
+    hooks = types.SimpleNamespace(retry=lambda knob, fn: gh.Run.retry(run, knob, fn))
+    scores, records = gh.evaluate(model, tok, dataset, cfg, torch.device("cpu"), hooks=hooks)
     assert len(records) == 8 and cfg.eval_batch_size == 2
 
 
@@ -455,10 +459,10 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     def reward(completions, golds, **kwargs):
         return torch.tensor([float(g % 2 == 0 and i % 4 == 0) for i, g in enumerate(golds)])
     updated = []
-    real_update = gh.update_once
+    real_book = gh.UpdateBook
     monkeypatch.setattr(gh, "compute_reward", reward)
-    monkeypatch.setattr(gh, "grpo_update", lambda model, opt, rollout, *a, **k: updated.append(
-        rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_update(model, opt, rollout, *a, **k))
+    monkeypatch.setattr(gh, "UpdateBook", lambda model, opt, rollout, *a, **k: updated.append(
+        rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_book(model, opt, rollout, *a, **k))
     out = tmp_path / "run"
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--batch-size", str(batch), "--max-steps", "3",
                              "--max-draws", "3", *flags, step_per_batch=False)) == 0

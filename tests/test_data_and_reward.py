@@ -201,7 +201,7 @@ def test_chat_prompt_uses_the_template_and_asks_for_the_answer_format(gsm8k_dir,
 def test_the_run_drops_long_prompts_with_a_warning_never_cuts_them(gsm8k_dir, tokenizer, capsys):
     lengths = [len(tokenizer(gh.PLAIN_PROMPT.format(question=p["question"]))["input_ids"]) for p in PROBLEMS]
     limit = sorted(lengths)[3]
-    ds = gh.GSM8KDataset("train", tokenizer, max_length=limit, dataset_path=str(gsm8k_dir), drop_longer=True)
+    ds = gh.without_long_prompts(gh.GSM8KDataset("train", tokenizer, max_length=limit, dataset_path=str(gsm8k_dir)))
     assert len(ds) == sum(n <= limit for n in lengths) < len(PROBLEMS)
     whole = [tokenizer(ds[i]["prompt"], return_tensors="pt")["input_ids"][0] for i in range(len(ds))]
     assert all(ds[i]["input_ids"].tolist() == whole[i].tolist() and len(whole[i]) <= limit for i in range(len(ds)))

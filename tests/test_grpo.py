@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import grpo_homework as gh
+from conftest import update_once
 
 
 # ----- TODO 2: advantages -----
@@ -504,7 +505,7 @@ def test_prefilling_each_prompt_once_per_group_gives_the_tokens_of_a_prefill_per
     seen = []
     _capture_generate(model, seen)
     out = gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], 6, temperature, 2,
-                                  batch_size=5)    # whole groups per call: prompts 0-1, then prompt 2
+                                  batch_size=5, prefill=gh.prefill_once)   # whole groups per call: prompts 0-1, 2
     del model.generate
     torch.manual_seed(0)
     with torch.no_grad():        # plain generate, the same calls: every row prefills its own prompt
@@ -544,7 +545,7 @@ def test_generation_uses_the_kv_cache_even_with_gradient_checkpointing(model_and
     model.model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
                                           with_kwargs=True)
     batch = _left_padded_batch(tok, ["Question: 5 + 5?"])
-    gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], 5, 1.0, 2)
+    gh.generate_completions(model, tok, batch["input_ids"], batch["attention_mask"], 5, 1.0, 2, prefill=gh.prefill_once)
     # The prompt is prefilled once for both samples (all but its last token), then every pass is one new token.
     assert shapes[0] == (1, batch["input_ids"].shape[1] - 1) and set(shapes[1:]) == {(2, 1)}, shapes
     assert model.training                                      # restored for the update
@@ -584,7 +585,7 @@ def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_token
     for micro in (12, 5, 1):
         for p, s in zip(model.parameters(), start):
             p.data.copy_(s)
-        gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout,
+        update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout,
                        dataclasses.replace(cfg, micro_batch_size=micro), ref_model=ref)
         deltas.append(torch.cat([(p.detach() - s).flatten() for p, s in zip(model.parameters(), start)]))
     assert deltas[0].abs().sum() > 0
@@ -616,7 +617,7 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
         return real_logprobs(model, input_ids, *args, **kwargs)
     gh.compute_logprobs_from_model = counting
     try:
-        gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+        update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     finally:
         gh.compute_logprobs_from_model = real_logprobs
     assert sum(rows_seen) == 8                                          # 12 rows, the zero group never ran
@@ -634,12 +635,12 @@ def test_a_step_without_signal_runs_no_pass_and_moves_neither_weights_nor_optimi
     silent = _rollout(model, tok, cfg, seed=1)
     silent.advantages.zero_()
     optimizer = gh.build_optimizer(model.parameters(), lr=1e-2)
-    gh.update_once(model, optimizer, signal, cfg)                  # momentum now non-zero
+    update_once(model, optimizer, signal, cfg)                  # momentum now non-zero
     weights, state = [p.detach().clone() for p in model.parameters()], copy.deepcopy(optimizer.state_dict())
     rows_seen = []
     hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
                                                  with_kwargs=True)
-    stats = gh.update_once(model, optimizer, silent, cfg)
+    stats = update_once(model, optimizer, silent, cfg)
     hook.remove()
     assert rows_seen == [] and stats["no_signal"] and stats["skipped"] == 1 and stats["grad_norm"] == 0.0
     assert stats["entropy"] is None and stats["policy_kl"] == 0.0   # not measured: logged as absent, not as 0
@@ -658,9 +659,9 @@ def test_policy_kl_is_the_kl_from_the_policy_before_the_step_to_after_on_the_fir
     logprobs = lambda: gh.compute_logprobs_from_model(model, rollout.output_ids[rows], rollout.attention_mask[rows],
                                                       temperature=cfg.temperature,
                                                       prompt_length=rollout.prompt_length).detach()
-    assert gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, cfg)["policy_kl"] < 1e-7
+    assert update_once(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, cfg)["policy_kl"] < 1e-7
     before = logprobs()
-    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
+    stats = update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
     expected = gh.masked_token_mean(gh.kl_k3(before, logprobs()), rollout.loss_mask[rows]).item()
     assert stats["approx_kl"] == 0.0 and stats["policy_kl"] > 1e-4
     assert stats["policy_kl"] == pytest.approx(expected, rel=1e-4)
@@ -703,9 +704,9 @@ def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epoch
     model, tok = model_and_tokenizer
     cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
     rollout = _rollout(model, tok, cfg)
-    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
+    stats = update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
     assert stats["clipfrac"] == 0.0 and stats["approx_kl"] == 0.0 and stats["skipped"] == 0
-    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout,
+    stats = update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout,
                            dataclasses.replace(cfg, ppo_epochs=3))
     assert stats["approx_kl"] > 0                               # later epochs see the moved policy
 
@@ -725,7 +726,7 @@ def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_token
     rollout = _rollout(model, tok, cfg)
     rollout.loss_mask[:] = False                          # as if every completion had been cut and masked
     before = [p.detach().clone() for p in model.parameters()]
-    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    stats = update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     assert stats["loss"] == 0.0 and stats["no_signal"] and stats["skipped"] == 1      # no token, so no step
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
@@ -751,7 +752,7 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
             return real(model, input_ids, *args, **kwargs)
         with monkeypatch.context() as patch:
             patch.setattr(gh, "compute_logprobs_from_model", counting)
-            gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+            update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
         return sum(rows_seen), [p.detach().clone() for p in model.parameters()]
 
     rows_run, ours = update()
@@ -768,7 +769,7 @@ def test_non_finite_update_is_skipped(model_and_tokenizer):
     rollout = _rollout(model, tok, cfg)
     rollout.advantages[0] = float("nan")
     before = [p.detach().clone() for p in model.parameters()]
-    stats = gh.update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
+    stats = update_once(model, torch.optim.SGD(model.parameters(), lr=1.0), rollout, cfg)
     assert stats["skipped"] == 1
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 

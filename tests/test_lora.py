@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import grpo_homework as gh
-from conftest import ROOT
+from conftest import ROOT, update_once
 from test_cli import GPU_PRECISION, tiny_args
 
 pytest.importorskip("peft")
@@ -158,8 +158,8 @@ def test_under_lora_the_kl_reference_is_the_model_with_its_adapters_off(model_di
             p.data.normal_(0, 0.5)
     rollout = _rollout_of(model, tok, cfg, ["1 + 2 =", "3 + 4 ="])
     frozen = lambda: torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    own = gh.update_once(model, frozen(), rollout, cfg, ref_model=model)["kl_ref"]
-    copy = gh.update_once(model, frozen(), rollout, cfg, ref_model=starting)["kl_ref"]
+    own = update_once(model, frozen(), rollout, cfg, ref_model=model)["kl_ref"]
+    copy = update_once(model, frozen(), rollout, cfg, ref_model=starting)["kl_ref"]
     assert own > 1e-4 and own == pytest.approx(copy, rel=1e-5), (own, copy)
     lp = lambda m: gh.compute_logprobs_from_model(m, rollout.output_ids, rollout.attention_mask)
     assert not torch.allclose(lp(model), lp(starting), atol=1e-3)                    # the adapters are back on
