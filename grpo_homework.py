@@ -327,8 +327,7 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     config = sampling_config(temperature, max_new_tokens, eos_ids, pad_id)
     prompt_ids = input_ids.repeat_interleave(num_samples, dim=0)             # [rows, prompt]
     prompt_mask = attention_mask.repeat_interleave(num_samples, dim=0)
-    rows, prompt_length = prompt_ids.shape
-    batch_size = batch_size or rows
+    (rows, prompt_length), batch_size = prompt_ids.shape, batch_size or len(prompt_ids)
     share_prefill = prefill is not None and num_samples > 1 and batch_size >= num_samples and prompt_length > 1
     batch_size -= batch_size % num_samples if share_prefill else 0
     pieces, saved_config = [], model.generation_config       # the model's own knobs out of generate()'s way
@@ -381,7 +380,12 @@ class Rollout:
 
 
 def rollout_from(sample: dict, rewards, advantages, mask_truncated: bool = False) -> Rollout:
-    """One batch's record for the update: the sample, its rewards and advantages; mask_truncated drops cut ones."""
+    """One batch's record for the update: the sample, its rewards and advantages; mask_truncated drops cut ones. A
+    grader's sampler may give only output_ids, completions and prompt_length: every completion column then counts."""
+    ids, start = sample["output_ids"], sample["prompt_length"]
+    columns = (torch.arange(ids.shape[1], device=ids.device) >= start).long().expand_as(ids)          # [rows, seq]
+    sample = {"attention_mask": torch.ones_like(ids), "completion_mask": columns, "completion_lengths":
+              columns.sum(1), "truncated": torch.zeros(len(ids), dtype=torch.bool, device=ids.device), **sample}
     loss_mask = sample["completion_mask"].bool() & ~(sample["truncated"].unsqueeze(1) & mask_truncated)
     return Rollout(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
                    sample["completions"], rewards, advantages, sample["truncated"].cpu(),
@@ -465,8 +469,7 @@ def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
 
 
 class UpdateBook:
-    """Step 4's bookkeeping, beside train_grpo: the rows that run (rows_with_signal) in micro-batches whose weighted
-    losses sum to the whole batch's, old and reference log-probs, the optimizer step, and the step's statistics."""
+    """Step 4's bookkeeping: rows that run, micro-batch weights, old and reference log-probs, the step, statistics."""
 
     def __init__(self, model, optimizer, rollout: Rollout, cfg: Config, ref_model=None):
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
@@ -546,8 +549,7 @@ def golds(batch: dict, group_size: int) -> list[float]:
 
 
 def settings(fn, cfg: Config) -> dict:
-    """What train_grpo passes a TODO from cfg, where fn takes it (a grader's stub takes none): the reward's format
-    bonus and strictness; the advantages' std division (grpo) and eps; the loss's upper clip, reduction, token count."""
+    """cfg's settings for a TODO, where fn takes them (a grader's stub: none): reward, advantage and loss options."""
     return accepted(fn, format_reward=cfg.format_reward, strict_answer=cfg.strict_answer,
                     normalize_by_std=cfg.advantage == "grpo", advantage_eps=cfg.advantage_eps,
                     clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens)
@@ -555,9 +557,8 @@ def settings(fn, cfg: Config) -> dict:
 
 @dataclass(eq=False)
 class LoopHooks:
-    """The one seam between train_grpo and what a real run adds; these defaults are the plain loop (each batch a step,
-    for num_epochs, at most cfg.max_steps). Run, below the banner, overrides them: it resumes mid-epoch, draws more
-    batches until groups have reward signal, halves a batch on out-of-memory, logs, checkpoints, stops on Ctrl-C."""
+    """The one seam between train_grpo and a real run; these defaults are the plain loop (a batch a step). Run, below
+    the banner, resumes mid-epoch, draws batches until groups have signal, halves on OOM, logs, checkpoints, stops."""
     cfg: Config
     optimizer: Any
     ref_model: Any = None          # the KL penalty's reference, the starting model (--kl-coef)
@@ -659,8 +660,7 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
 # ===== Part 5: main ================================================================================================
 
 def main(argv: list[str] | None = None) -> int:
-    """`python grpo_homework.py MODEL_PATH [flags]`: the template's flow (run_phases), or --demo, --resume or
-    --report on the same pipeline. Bad input, a failure or Ctrl-C ends in one line and exit status 2."""
+    """`python grpo_homework.py MODEL_PATH [flags]` or --demo/--resume/--report; any failure: one line, exit 2."""
     with ctrl_c_latch():            # Ctrl-C, SIGTERM, SIGHUP: the first one stops training after its step
         try:
             cfg, args = parse_config(argv)

@@ -291,3 +291,19 @@ def test_generated_tasks_do_not_read_gsm8k_unless_told(argv, dataset):
     """A local folder is kept absolute (a resume may start elsewhere); 'd', no folder here, is a hub id."""
     cfg, _ = gh.parse_config(["model", *argv])
     assert cfg.dataset == dataset
+
+
+def test_train_grpo_takes_a_graders_sampler_that_returns_only_the_contracts_keys(model_and_tokenizer, monkeypatch):
+    """The template promises generate_completions returns at least output_ids, completions and prompt_length: a
+    grader's stub of that shape trains (every completion column in the loss), and the update moves the weights."""
+    model, tokenizer = model_and_tokenizer
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 10]])
+    monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
+        "output_ids": ids, "completions": ["#### 5", "#### 6"], "prompt_length": 2})
+    batch = {"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.ones(1, 2, dtype=torch.long),
+             "answers": [5.0]}
+    start = [p.detach().clone() for p in model.parameters()]
+    (record,) = gh.train_grpo(model, tokenizer, [batch], torch.optim.SGD(model.parameters(), lr=0.1), "cpu", 1, 2,
+                              0.2, 2)
+    assert record["reward_mean"] == 0.5 and not record["no_signal"] and record["grad_norm"] > 0
+    assert any(not torch.equal(p, s) for p, s in zip(model.parameters(), start))
