@@ -198,8 +198,7 @@ def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, stri
 
 def at_least_fp32(values) -> torch.Tensor:
     """As floats of fp32 or wider: bf16 steps a ratio near 1 by 0.008, coarser than the clip's edges; fp64 stays."""
-    values = torch.as_tensor(values)
-    return values.to(torch.promote_types(values.dtype, torch.float32))
+    return (values := torch.as_tensor(values)).to(torch.promote_types(values.dtype, torch.float32))
 
 
 # ----- TODO 2: group-relative advantages -----
@@ -409,10 +408,14 @@ def accepted(fn, **options) -> dict:
 
 
 def call_model(model, input_ids, attention_mask, **extras):
-    """model(input_ids, ...): the mask by keyword where forward names it or takes **kwargs (GPT-2's second parameter
-    is not the mask), else second; of `extras` only those it takes (a grader's mock: the template's two arguments)."""
-    kwargs = accepted(getattr(model, "forward", model), attention_mask=attention_mask, **extras)
-    return model(input_ids, **kwargs) if "attention_mask" in kwargs else model(input_ids, attention_mask, **kwargs)
+    """model(input_ids=..., attention_mask=...), each by name where forward names it or takes **kwargs (a Mock: the
+    template's call), else by position: forward(x, mask), GPT-2's (its second parameter is not the mask); extras too."""
+    import unittest.mock
+    forward, both = getattr(model, "forward", model), dict(input_ids=input_ids, attention_mask=attention_mask)
+    kwargs = both if isinstance(forward, unittest.mock.NonCallableMock) else accepted(forward, **both, **extras)
+    if "attention_mask" not in kwargs:                                        # both by position
+        return model(input_ids, attention_mask, **{k: v for k, v in kwargs.items() if k != "input_ids"})
+    return model(**kwargs) if "input_ids" in kwargs else model(input_ids, **kwargs)
 
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
@@ -462,8 +465,7 @@ def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks=None) -> torch
     return out
 
 
-def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:
-    """Less the rows whose gradient is exactly 0 (no token in the loss, or advantage 0 and no KL penalty)."""
+def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:     # less the rows whose gradient is exactly 0
     keep = rollout.loss_mask.any(1).to(rollout.advantages.device) & ((rollout.advantages != 0) | (cfg.kl_coef > 0))
     return rollout if keep.all() else rollout.rows(keep.nonzero().squeeze(1))
 
@@ -543,8 +545,7 @@ class UpdateBook:
         return self.stats
 
 
-def golds(batch: dict, group_size: int) -> list[float]:
-    """Each gold once per completion: collate_prompts' "answers", or default_collate's "answer" (a grader's loader)."""
+def golds(batch: dict, group_size: int) -> list[float]:      # each gold once per completion (or default_collate's)
     return [float(gold) for gold in batch["answers" if "answers" in batch else "answer"] for _ in range(group_size)]
 
 
@@ -576,8 +577,7 @@ class LoopHooks:
     def retry(self, knob: str, fn: Callable):      # sampling, an update, an evaluation batch (Run: halve on OOM)
         return fn()
 
-    def optimizer_step(self, model, optimizer) -> None:
-        optimizer.step()
+    optimizer_step = staticmethod(lambda model, optimizer: optimizer.step())     # Run: OOM in it is final
 
     def end_step(self, rollout: Rollout, stats: dict) -> None:     # the step's record (Run's hold more)
         self.done += 1
@@ -638,12 +638,12 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
              hooks: LoopHooks | None = None) -> tuple[dict, list[dict]]:
     """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
     from tqdm.auto import tqdm
-    hooks = hooks or LoopHooks(cfg, None)
+    retry = (hooks or LoopHooks(cfg, None)).retry
     loader = DataLoader(dataset, cfg.eval_batch_size, generator=torch.Generator(),     # its own: the global one's
                         collate_fn=lambda b: collate_prompts(b, tokenizer))            # draws would shift sampling
     records = []
     for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):     # None: no bar in a log file
-        out = hooks.retry("eval_batch_size", lambda: generate_completions(    # a run's halving splits the batch
+        out = retry("eval_batch_size", lambda: generate_completions(    # a run's halving splits the batch
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
         for question, gold, completion, tokens, cut in zip(batch["questions"], batch["answers"], out["completions"],
@@ -1312,13 +1312,11 @@ class Run(LoopHooks):
 
     prefill = staticmethod(prefill_once)
 
-    def retry(self, knob: str, fn: Callable):
-        """fn(), after a Ctrl-C Python dropped (check_ctrl_c); on out-of-memory, cfg.<knob> halved and again."""
+    def retry(self, knob: str, fn: Callable):       # after a Ctrl-C Python dropped; on OOM, cfg.<knob> halved
         check_ctrl_c()
         return halve_on_oom(self.cfg, knob, fn, self.optimizer)
 
-    def optimizer_step(self, model, optimizer) -> None:
-        optimizer_step(model, optimizer)
+    optimizer_step = staticmethod(lambda model, optimizer: optimizer_step(model, optimizer))   # looked up at the call
 
     def end_step(self, rollout: Rollout, stats: dict) -> dict:
         """The schedule; the record, its metrics.jsonl line, then checkpoint, summary, plots; a stop asked for."""
@@ -1354,8 +1352,8 @@ class Run(LoopHooks):
         print("Starting GRPO training...")
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()     # step 1's peak_mem_gb is the step's, not the evaluation's
-        _ctrl_c.update(training=True, asked=0.0)
         self.metrics_file = open(own_path(self.run_dir / "metrics.jsonl"), "a")
+        _ctrl_c.update(training=True, asked=0.0)
         try:
             train_grpo(self.model, self.tokenizer, self.loader, self.optimizer, self.device, cfg.num_epochs,
                        cfg.group_size, cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, hooks=self)
@@ -2137,13 +2135,15 @@ def load_split(dataset: str, split: str):
     return enough_rows(rows, split, dataset)
 
 
-def data_files_outside_runs(folder: Path) -> dict:
-    """The split files datasets infers from `folder`'s names, less those of a run folder in it (eval_*.jsonl: test)."""
+def data_files_outside_runs(folder: Path) -> dict | None:
+    """None (datasets infers), unless a run folder in `folder` holds split files (eval_*.jsonl): the others, tabular."""
     from datasets.data_files import DataFilesDict, get_data_patterns
     inferred = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
     in_run = lambda file: any(is_run_dir(d) for d in Path(file).parents if folder.resolve() in d.resolve().parents)
-    files = {split: [f for f in found if not in_run(f)] for split, found in inferred.items()}
-    return {split: found for split, found in files.items() if found}
+    if not any(in_run(file) for found in inferred.values() for file in found):
+        return None
+    keep = lambda file: not in_run(file) and Path(file).suffix in (".parquet", ".arrow", ".json", ".jsonl", ".csv")
+    return {split: [f for f in found if keep(f)] for split, found in inferred.items() if any(map(keep, found))}
 
 
 def enough_rows(rows, split: str, dataset: str = ""):

@@ -182,3 +182,23 @@ def test_todo_4_reads_logits_from_a_dict_or_a_bare_tensor(returns):
     wrap = (lambda out: {"logits": out.logits}) if returns == "a dict" else (lambda out: out.logits)
     got = gh.compute_logprobs_from_model(lambda a, b: wrap(module(a)), ids, mask)
     torch.testing.assert_close(got.detach(), reference(lambda x: module(x).logits.detach(), ids), atol=1e-6, rtol=0)
+
+
+class KeywordsOnly(IdsThenMaskKeyword):
+    """forward(self, **kwargs): everything by name, as a wrapper that forwards to a real model takes it."""
+    def forward(self, **kwargs):
+        return super().forward(kwargs["input_ids"], kwargs["attention_mask"])
+
+
+def test_todo_4_passes_names_to_a_keywords_only_forward_and_the_templates_call_to_a_mock():
+    """A model that takes **kwargs gets input_ids= and attention_mask= by name; a MagicMock gets the template's own
+    call (a grader may assert on it, or give it a side_effect of keywords only)."""
+    from unittest import mock
+    ids, mask = torch.randint(0, VOCAB, (2, 5)), torch.ones(2, 5, dtype=torch.long)
+    module = KeywordsOnly()
+    want = reference(lambda x: IdsThenMaskKeyword.forward(module, x).logits.detach(), ids)
+    torch.testing.assert_close(gh.compute_logprobs_from_model(module, ids, mask).detach(), want, atol=1e-6, rtol=0)
+    logits = IdsThenMaskKeyword.forward(module, ids).logits.detach()
+    spy = mock.MagicMock(side_effect=lambda **kw: types.SimpleNamespace(logits=logits))
+    torch.testing.assert_close(gh.compute_logprobs_from_model(spy, ids, mask), want, atol=1e-6, rtol=0)
+    spy.assert_called_once_with(input_ids=ids, attention_mask=mask)

@@ -1403,3 +1403,14 @@ def test_a_diverged_run_names_the_learning_rate_not_a_resume(warm_model_dir, add
 def test_resume_names_model_path_as_the_positional_argument_it_is(run_copy, capsys):
     code, err = main_err(["--resume", run_copy, "/some/other/model", "--max-steps", "3"], capsys)
     assert code == 2 and "--resume cannot change MODEL_PATH" in err and "--model-path" not in err, err
+
+
+def test_a_readme_less_data_folder_with_stray_files_still_loads(tmp_path):
+    """datasets keeps only data files of the split names; the run-folder filter (#89) must not hand it train.log or
+    test_notes.md as data (it did: FileNotFoundError, ArrowInvalid)."""
+    from datasets import Dataset
+    for split, rows in (("train", PROBLEMS), ("test", PROBLEMS[:4])):
+        Dataset.from_list(rows).to_parquet(str(tmp_path / f"{split}.parquet"))
+    (tmp_path / "train.log").write_text("a log\n")
+    (tmp_path / "test_notes.md").write_text("# notes\n")
+    assert len(gh.load_split(str(tmp_path), "train")) == 8 and len(gh.load_split(str(tmp_path), "test")) == 4
