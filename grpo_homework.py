@@ -220,8 +220,7 @@ def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, adv
 def masked_mean(tensor, mask):
     """Mean over each row's masked entries, then over rows (the GRPO paper's reduction)."""
     mask = mask.bool()
-    per_row = torch.where(mask, tensor, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)   # [batch]
-    return per_row.mean()
+    return (torch.where(mask, tensor, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)).mean()     # rows [batch], then mean
 
 
 def masked_mean_drgrpo(tensor, mask, num_tokens):
@@ -985,8 +984,8 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
     as_saved = False          # --eval-only scores a float32 folder (LoRA's merged final/) as trained: bf16 moves it
     if cfg.dtype == "auto":   # recorded as it resolves, so a resume keeps it; a record's auto predates bf16 on CPUs
         with contextlib.suppress(OSError, ValueError, AttributeError):     # transformers 5: dtype; 4: torch_dtype
-            saved = json.loads(read_text(Path(cfg.model_path) / "config.json"))
-            as_saved = cfg.eval_only and (saved.get("dtype") or saved.get("torch_dtype")) == "float32"
+            saved = json.loads(read_text(Path(cfg.model_path) / "config.json")) if cfg.eval_only else {}
+            as_saved = (saved.get("dtype") or saved.get("torch_dtype")) == "float32"
         cfg.dtype = "float32" if (resume and device.type == "cpu") or as_saved else \
             str(weight_dtype("auto", device)).removeprefix("torch.")
     random.seed(cfg.seed)
