@@ -102,7 +102,12 @@ class GSM8KDataset(Dataset):
             with tempfile.TemporaryDirectory() as cache:      # datasets keys a folder's cache on its name alone
                 data = datasets.load_dataset(dataset_path, config, split=split, **(
                     {"cache_dir": cache, "keep_in_memory": True} if Path(dataset_path).is_dir() else {}))
-            problems = list(data["question"]), [self.extract_answer(a) for a in data["answer"]], list(range(len(data)))
+            golds = [self.extract_answer(a) for a in data["answer"]]
+            rows = [i for i, gold in enumerate(golds) if gold is not None]      # no gold, no reward: not a problem
+            if len(rows) < len(golds):
+                print(f"warning: {split}: dropped row(s) {sorted(set(range(len(golds))) - set(rows))[:5]} whose "
+                      f"answer has no '#### <number>'", file=sys.stderr)
+            problems = [data["question"][i] for i in rows], [golds[i] for i in rows], rows
         self.questions, self.answers, self.rows = problems if task is None else task.problems(dataset_path, split)
         self.prompts = [build_prompt(q, tokenizer, prompt_style, getattr(task, "instruction", GSM8K_INSTRUCTION))
                         for q in self.questions]
@@ -171,26 +176,38 @@ def extract_answer_from_completion(completion):
     return parse_number("".join(numbers[-1])) if numbers else None     # one of its two groups matched
 
 
-def is_well_formed_gsm8k(completion: str) -> bool:
-    """The answer ends the completion ('#### N' or \\boxed{N}, see _FINAL_LINE), N a number: no bonus for junk."""
+def final_line_answer(completion: str) -> float | None:
+    """The number of a well-formed ending ('#### N' or \\boxed{N} closing the completion, see _FINAL_LINE), or None."""
     text = completion or ""
     match = _FINAL_LINE.search(text) or _FINAL_BOX.fullmatch(text[text.rfind("\\boxed{"):])
-    return bool(match) and parse_number(match.group(1)) is not None
+    return parse_number(match.group(1)) if match else None
+
+
+def is_well_formed_gsm8k(completion: str) -> bool:
+    return final_line_answer(completion) is not None
+
+
+def same_number(pred: float | None, gold: float | None) -> bool:
+    """Exact, as the numbers are written; a float's rounding error is forgiven only where the gold is no integer."""
+    if pred is None or gold is None:
+        return False
+    gold = float(gold)
+    return pred == gold or (not gold.is_integer() and math.isclose(pred, gold, rel_tol=1e-9, abs_tol=1e-12))
 
 
 def gsm8k_reward(completion: str, gold: float) -> float:
-    pred = extract_answer_from_completion(completion)
-    return float(pred is not None and gold is not None and math.isclose(pred, float(gold), rel_tol=1e-9, abs_tol=1e-6))
+    return float(same_number(extract_answer_from_completion(completion), gold))
 
 
 def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, strict_answer=False):
     """1.0 per completion whose final number is the gold, else 0.0; plus `format_reward` if well formed (with
-    `strict_answer`, a right answer counts only there)."""
+    `strict_answer`, only the well-formed final line's number counts)."""
     golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
-    return torch.tensor([gsm8k_reward(c, g) * (ok or not strict_answer) + format_reward * ok
-                         for c, g, ok in zip(completions, golds, map(is_well_formed_gsm8k, completions))],
+    finals = [final_line_answer(c) for c in completions]
+    return torch.tensor([float(same_number(final, g) if strict_answer else gsm8k_reward(c, g))
+                         + format_reward * (final is not None) for c, g, final in zip(completions, golds, finals)],
                         dtype=torch.float32)
 
 
@@ -521,7 +538,10 @@ class UpdateBook:
             return
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm).item()
-        if math.isfinite(self.epoch_loss) and math.isfinite(grad_norm):
+        if grad_norm == 0:              # no gradient (no advantage, the policy at its reference): AdamW's momentum
+            self.optimizer.zero_grad(set_to_none=True)           # would still move it
+            self.stats["skipped"] += 1
+        elif math.isfinite(self.epoch_loss) and math.isfinite(grad_norm):
             step(self.model, self.optimizer)
         else:                                                       # a non-finite step is never applied
             self.optimizer.zero_grad(set_to_none=True)
@@ -589,7 +609,11 @@ def loop_setup(cfg: Config | None, hooks: LoopHooks | None, optimizer, *template
     if cfg is not None and any(getattr(cfg, k) != v for k, v in given.items()):
         raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
     cfg = cfg or Config(max_steps=0, **given)
-    return cfg, hooks or LoopHooks(cfg, optimizer)
+    hooks = hooks or LoopHooks(cfg, optimizer)
+    if cfg.kl_coef > 0 and hooks.ref_model is None:        # refused, not dropped: the penalty would be 0 silently
+        raise ValueError("train_grpo: kl_coef > 0 needs the reference model: pass hooks=LoopHooks(cfg, optimizer, "
+                         "ref_model=...)")
+    return cfg, hooks
 
 
 # ----- TODO 5: the GRPO training loop -----
@@ -846,9 +870,10 @@ def validate_config(cfg: RunConfig) -> None:
 
 
 # What --eval-only reads: every other flag sets how training would go, and is refused there.
+# Greedy scoring draws nothing at random and prints no examples: --seed and --show-examples are refused there too.
 EVAL_ONLY_FLAGS = {"model_path", "eval_only", "task", "dataset", "eval_size", "eval_start", "val_size", "eval_split",
-                   "prompt_style", "max_prompt_length", "max_new_tokens", "eval_batch_size", "seed", "device", "dtype",
-                   "output_dir", "show_examples"}
+                   "prompt_style", "max_prompt_length", "max_new_tokens", "eval_batch_size", "device", "dtype",
+                   "output_dir"}
 # Flags a resumed run may change: how it runs, not what it learns (else one record would describe two trainings).
 RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints", "plot_every", "show_examples",
                      "device", "generation_batch_size", "micro_batch_size", "eval_batch_size", "gradient_checkpointing"}
@@ -887,6 +912,8 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
         raise UserError(f"--report only redraws a run's plots: it takes no other flags (got {', '.join(explicit)})")
     if args.demo and "model_path" in explicit:
         raise UserError("--demo builds its own model: leave out MODEL_PATH")
+    if args.demo and (given := [flag_name(k) for k in ("task", "dataset") if k in explicit]):
+        raise UserError(f"--demo trains on addition problems it generates: leave out {' and '.join(given)}")
     if args.resume:
         base = saved_config(Path(args.resume))
         if explicit.get("dtype") == "auto":          # recorded as it resolved: auto keeps it
@@ -914,6 +941,9 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     cfg = dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit})
     if cfg.eval_only and (unused := sorted(set(explicit) - EVAL_ONLY_FLAGS)):
         raise UserError(f"{', '.join(map(flag_name, unused))} would do nothing with --eval-only, which trains nothing")
+    if cfg.eval_only and cfg.eval_split == "test" and "val_size" in explicit:
+        raise UserError("--val-size would do nothing with --eval-only on the test split (it holds out train problems "
+                        "for --eval-split validation)")
     idle = {("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
             ("clip_eps", "clip_eps_high"): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 (the "
                                                                    "clip acts from --ppo-epochs 2 on)",
@@ -1033,6 +1063,11 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
                         collate_fn=lambda b: collate_prompts(b, tokenizer))
 
     print("Setting up optimizer...")
+    if not any(p.requires_grad for p in model.parameters()):       # AdamW: "empty parameter list"
+        raise UserError(f"MODEL_PATH {cfg.model_path}: no weight of the model would train" + (
+            " (it holds adapter_config.json, so transformers loads it as a LoRA adapter on a frozen base: merge the "
+            "adapter into the weights, or remove adapter_config.json)"
+            if (Path(cfg.model_path) / "adapter_config.json").exists() else ""))
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed,
                                 cfg.weight_decay)
     decay_end = last_step(cfg, loader) if cfg.lr_decay else 0    # --max-steps, or sooner the data's end
@@ -1391,6 +1426,11 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     inputs = checked_inputs(run, earlier.get("inputs", {}),
                             reads_model=not checkpoint or cfg.kl_coef > 0 or cfg.lora_rank > 0)
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
+    lost = [name for name in ("summary.json", "eval_before.jsonl") if not (run_dir / name).exists()] + \
+        ([] if "before" in run.summary else ["summary.json's scores before"])
+    if checkpoint and lost:       # scoring now would score the trained checkpoint as "the starting model"
+        raise UserError(f"--resume {run_dir}: its {lost[0]} is missing, so the starting model's scores are lost and "
+                        f"cannot be taken from a trained checkpoint: put it back, or start a new run")
     if checkpoint:
         state = load_trainer_state(checkpoint)
         run.optimizer.load_state_dict(state["optimizer"])
@@ -2362,9 +2402,13 @@ def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
     with claimed_run_dir(run_dir, resume=False, clearable=is_demo_run):
         try:
             steps = build_demo(cfg, demo, run_dir)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Exception) as e:      # a full disk in safetensors too: one line, its files gone
+            for name in ("demo.json", "demo_data", "demo_model"):        # the demo's own, in a folder it claimed
+                shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else \
+                    (run_dir / name).unlink(missing_ok=True)
             raise UserError("interrupted while building the demo (under a minute of work): run the same command "
-                            "again to start it over") from None
+                            "again to start it over" if isinstance(e, KeyboardInterrupt) else
+                            f"failed while building the demo ({first_line(e)}); nothing was kept") from None
         summary = run_phases(dataclasses.replace(cfg, model_path=absolute_if_local(str(run_dir / "demo_model")),
                                                  dataset=absolute_if_local(str(run_dir / "demo_data"))),
                              run_dir, resume=False)

@@ -1414,3 +1414,125 @@ def test_a_readme_less_data_folder_with_stray_files_still_loads(tmp_path):
     (tmp_path / "train.log").write_text("a log\n")
     (tmp_path / "test_notes.md").write_text("# notes\n")
     assert len(gh.load_split(str(tmp_path), "train")) == 8 and len(gh.load_split(str(tmp_path), "test")) == 4
+
+
+# ----- round 7 (#94): what users do to a run -----
+
+@pytest.mark.parametrize("lost", ["summary.json", "eval_before.jsonl"])
+def test_a_resume_that_lost_the_starting_models_scores_never_scores_a_checkpoint_in_their_place(run_copy, capsys,
+                                                                                                lost):
+    """It printed 'Evaluating the starting model' and overwrote eval_before.jsonl with the trained checkpoint's
+    answers (and a finished run's final/ in place)."""
+    before = (run_copy / "eval_before.jsonl").read_text() if lost != "eval_before.jsonl" else None
+    weights = (run_copy / "final" / "model.safetensors").read_bytes()
+    (run_copy / lost).unlink()
+    code, err = main_err(["--resume", run_copy, "--max-steps", "4"], capsys)
+    assert code == 2 and f"its {lost} is missing" in err and "starting model's scores are lost" in err, err
+    assert before is None or (run_copy / "eval_before.jsonl").read_text() == before
+    assert (run_copy / "final" / "model.safetensors").read_bytes() == weights and not (run_copy / "earlier-ends").exists()
+
+
+def test_a_demo_whose_model_cannot_be_written_says_so_in_one_line_and_keeps_nothing(tmp_path):
+    """ulimit -f: the model's safetensors write fails (a traceback, exit 1); the warm-up is skipped to be quick."""
+    out = tmp_path / "demo"
+    code = ("import resource, sys; sys.path.insert(0, sys.argv[2]); import grpo_homework as gh; "
+            "gh.supervised_warmup = lambda *a, **k: 0; "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (300 * 1024, 300 * 1024)); "
+            "sys.exit(gh.main(['--demo', '--output-dir', sys.argv[1]]))")
+    result = subprocess.run([sys.executable, "-c", code, str(out), str(ROOT)], capture_output=True, text=True,
+                            env=cli_env(), timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[-1].startswith("error: failed while building the demo (") and "nothing was kept" in lines[-1]
+    assert not out.exists() or files_under(out) == [], files_under(out)
+
+
+@pytest.mark.parametrize("flags", [["--task", "two-step"], ["--dataset", "/some/data"]])
+def test_the_demo_refuses_a_task_or_dataset_it_would_ignore(tmp_path, capsys, flags):
+    code, err = main_err(["--demo", "--output-dir", tmp_path / "demo", *flags], capsys)
+    assert code == 2 and "--demo trains on addition problems it generates" in err and flags[0] in err, err
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("flags", [["--show-examples", "3"], ["--seed", "1"], ["--val-size", "4"]])
+def test_eval_only_refuses_flags_that_do_nothing_there(model_dir, gsm8k_dir, tmp_path, capsys, flags):
+    code, err = main_err([model_dir, "--dataset", gsm8k_dir, "--output-dir", tmp_path / "s", "--eval-only", *flags],
+                         capsys)
+    assert code == 2 and flags[0] in err and "would do nothing" in err and not (tmp_path / "s").exists(), err
+    cfg, _ = gh.parse_config([str(model_dir), "--eval-only", "--val-size", "4", "--eval-split", "validation"])
+    assert cfg.val_size == 4          # where it acts, it is taken
+
+
+@pytest.mark.parametrize("completion, gold, right", [
+    ("\\boxed{1000000001}", 1_000_000_000, False), ("#### 12345678900", 12_345_678_901, False),
+    ("#### 12,345,678,901", 12_345_678_901, True), ("\\boxed{0.3}", 0.1 + 0.2, True), ("#### 2.50", 2.5, True),
+    ("#### 5.0000001", 5, False)])
+def test_answers_are_graded_exactly_and_integers_get_no_tolerance(completion, gold, right):
+    assert gh.compute_reward([completion], [gold]).tolist() == [float(right)]
+    assert (gh.gsm8k_reward(completion, gold) == 1.0) is right
+
+
+def test_strict_answers_read_the_number_of_the_well_formed_final_line():
+    completions = ["\\boxed{7} so the answer is 5", "\\boxed{7} so the answer is 5", "The answer is 5.\n#### 7"]
+    assert gh.is_well_formed_gsm8k(completions[0])
+    assert gh.compute_reward(completions, [5, 7, 7], strict_answer=True).tolist() == [0.0, 1.0, 1.0]
+    assert gh.compute_reward(completions, [5, 7, 7]).tolist() == [1.0, 0.0, 1.0]     # lenient: the last marker
+
+
+def test_the_templates_loading_drops_a_row_without_a_gold_and_names_it(tmp_path, capsys):
+    rows = [*PROBLEMS[:3], {"question": "No gold here?", "answer": "it is 72"}, PROBLEMS[3]]
+    data = gh.write_hub_dataset(tmp_path / "data", {"train": rows, "test": rows})
+    dataset = gh.GSM8KDataset("train", None, dataset_path=str(data))
+    assert len(dataset) == 4 and None not in dataset.answers and "No gold here?" not in dataset.questions
+    assert "dropped row(s) [3]" in capsys.readouterr().err
+
+
+def test_train_grpo_refuses_a_kl_penalty_without_its_reference():
+    with pytest.raises(ValueError, match="kl_coef > 0 needs the reference model"):
+        gh.train_grpo(None, None, [], None, "cpu", cfg=gh.Config(kl_coef=10.0, group_size=4, max_new_tokens=256))
+
+
+def test_no_optimizer_step_is_taken_on_a_zero_gradient(model_and_tokenizer):
+    """kl_coef > 0 keeps rows with zero advantage; with the policy at its reference every gradient is exactly 0,
+    and AdamW's step would still create state (and later replay momentum)."""
+    from conftest import update_once
+    from test_grpo import _rollout
+    model, tok = model_and_tokenizer
+    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5, kl_coef=0.5)
+    rollout = _rollout(model, tok, cfg)
+    rollout.advantages.zero_()
+    optimizer = gh.build_optimizer(model.parameters(), lr=1e-2)
+    weights = [p.detach().clone() for p in model.parameters()]
+    stats = update_once(model, optimizer, rollout, cfg, ref_model=copy.deepcopy(model))
+    assert stats["grad_norm"] == 0 and stats["skipped"] == 1 and not optimizer.state
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+
+
+def test_a_model_folder_holding_adapter_files_says_why_nothing_would_train(model_dir, gsm8k_dir, tmp_path, capsys):
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    folder = shutil.copytree(model_dir, tmp_path / "model")
+    model = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), "float32")[0]
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**adapter, "base_model_name_or_path": str(model_dir)}))
+    shutil.copy(tmp_path / "adapter" / "adapter_model.safetensors", folder)
+    code, err = main_err(tiny_args(folder, gsm8k_dir, tmp_path / "run", "--max-steps", "1"), capsys)
+    assert code == 2 and "no weight of the model would train" in err and "adapter_config.json" in err, err
+
+
+def test_committed_scorings_are_labelled_as_scorings_not_as_a_before():
+    """An --eval-only summary says what it scored: no accuracy_before / accuracy_after that could be read as a
+    training's starting point or end (plots/qwen-gsm8k-b256/summary_after_untouched_256.json was one)."""
+    scorings = []
+    for path in sorted((ROOT / "plots").rglob("*summary*.json")):
+        summary = json.loads(path.read_text())
+        config = path.with_name(path.name.replace("summary", "config"))
+        eval_only = summary.get("eval_only") or (config.exists() and
+                                                 json.loads(config.read_text())["config"].get("eval_only"))
+        untrained = summary.get("steps") == 0 and summary.get("finished") and "accuracy_after" not in summary
+        if eval_only or untrained:
+            scorings.append(path)
+            assert "accuracy_before" not in summary and "accuracy_after" not in summary, path
+            assert summary["eval_only"] and set(summary["scored"]) >= {"model", "max_new_tokens", "problems"}, path
+    assert len(scorings) >= 25
