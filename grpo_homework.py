@@ -8,11 +8,10 @@ takes a PPO-style clipped step on advantages relative to its group (README.md: t
     python grpo_homework.py --resume RUN_DIR     # finish a stopped run, or train a finished one further
     python grpo_homework.py --report RUN_DIR     # redraw a run's plots and before_after.md
 
-The homework, the template filled in (Configuration, Parts 1-4 with TODOs 1-5, Part 5: main), ends at the banner
-"WHAT SUPPORTS THE RUN"; what a real run adds below it reaches the loop through LoopHooks alone.
+The homework (Configuration, Parts 1-4 with TODOs 1-5, Part 5: main) ends at the banner "WHAT SUPPORTS THE RUN"; what
+a real run adds below it reaches train_grpo through Hooks alone.
 """
 
-import contextlib
 import math
 import os
 import re
@@ -24,16 +23,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")   # Ctrl-C; kill, docker stop, Slurm's time limit; a closed terminal
-if __name__ == "__main__":      # a stop while torch loads (a second or more): one line, not an import traceback
-    for _name in STOP_SIGNALS:
-        signal.signal(getattr(signal, _name), lambda *_: (print("error: interrupted while starting; nothing was "
-                                                                "written", file=sys.stderr), os._exit(2)))
+for _name in STOP_SIGNALS if __name__ == "__main__" else ():   # a stop while torch loads: one line, no traceback
+    signal.signal(getattr(signal, _name), lambda *_: (print("error: interrupted while starting; nothing was written",
+                                                            file=sys.stderr), os._exit(2)))
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 
-# ===== Configuration: declared once, here (the run's own settings extend it below the banner: RunConfig) ==========
+# ===== Configuration: declared once, here (a run's own settings extend it below the banner: RunConfig) ============
 
 def _flag(default: Any, doc: str, **argparse_kwargs: Any) -> Any:
     return field(default=default, metadata={"help": doc, **argparse_kwargs})
@@ -51,20 +49,17 @@ class Config:
     learning_rate: float = _flag(2e-6, "AdamW learning rate")
     num_epochs: int = _flag(1, "passes over the training problems")
     clip_eps: float = _flag(0.2, "PPO clip range below 1 (and above, unless --clip-eps-high)")
-    # the objective: the GRPO paper's advantages, Dr. GRPO's loss reduction, no KL penalty (README says why)
+    # the objective: the GRPO paper's advantages, Dr. GRPO's loss reduction (README says why)
     advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
     advantage_eps: float = _flag(1e-4, "added to the group std before dividing")
     loss_agg: str = _flag("drgrpo", "drgrpo (sum / max-new-tokens), seq-mean (GRPO) or token-mean (DAPO)",
                           choices=["seq-mean", "token-mean", "drgrpo"])
     clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); -1 = --clip-eps")
-    kl_coef: float = _flag(0.0, "weight of the k3 KL to the starting model (0 = no reference)")
-    ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
     max_grad_norm: float = _flag(1.0, "gradient clipping norm")
-    max_steps: int = _flag(200, "stop after this many steps (0 = no limit)")
-    generation_batch_size: int = _flag(64, "sequences per generate call (halved automatically on CUDA OOM)")
+    # how much runs at once: memory, not arithmetic
     micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate exactly)")
     eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
 
@@ -76,10 +71,9 @@ GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer withi
 
 
 def build_prompt(question: str, tokenizer=None, style: str = "plain", instruction: str = GSM8K_INSTRUCTION) -> str:
-    """The chat template asking for the answer's form, or the template's prompt (after a task's own instruction)."""
+    """style "plain": the template's prompt; "chat" (the runs'): the tokenizer's chat template with `instruction` as
+    the system message, Qwen2.5-Instruct's own request for the answer in \\boxed{}."""
     if style == "chat":
-        if not getattr(tokenizer, "chat_template", None):   # falling back to plain would mislabel the run
-            raise ValueError("the tokenizer has no chat template: pass --prompt-style plain")
         messages = [{"role": "system", "content": instruction}, {"role": "user", "content": question}]
         try:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -91,40 +85,35 @@ def build_prompt(question: str, tokenizer=None, style: str = "plain", instructio
 
 
 class GSM8KDataset(Dataset):
-    """GSM8K problems as tokenized prompts plus the gold number, unpadded (the collate pads), cut at max_length tokens.
-    A run passes its `task`: the problems it loads, checks or generates, their `rows` in the split, its instruction."""
+    """GSM8K problems as prompts (built by build_prompt) and gold numbers; items are tokenized, unpadded."""
 
     def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
-                 prompt_style="plain", task=None):
-        if task is None:            # the template's loading; a folder without the hub's README.md has no config 'main'
-            import datasets
-            config = "main" if "main" in datasets.get_dataset_config_names(dataset_path) else None
-            with tempfile.TemporaryDirectory() as cache:      # datasets keys a folder's cache on its name alone
-                data = datasets.load_dataset(dataset_path, config, split=split, **(
-                    {"cache_dir": cache, "keep_in_memory": True} if Path(dataset_path).is_dir() else {}))
-            golds = [self.extract_answer(a) for a in data["answer"]]
-            rows = [i for i, gold in enumerate(golds) if gold is not None]      # no gold, no reward: not a problem
-            if len(rows) < len(golds):
-                print(f"warning: {split}: dropped row(s) {sorted(set(range(len(golds))) - set(rows))[:5]} whose "
-                      f"answer has no '#### <number>'", file=sys.stderr)
-            problems = [data["question"][i] for i in rows], [golds[i] for i in rows], rows
-        self.questions, self.answers, self.rows = problems if task is None else task.problems(dataset_path, split)
-        self.prompts = [build_prompt(q, tokenizer, prompt_style, getattr(task, "instruction", GSM8K_INSTRUCTION))
-                        for q in self.questions]
-        self.tokenizer, self.max_length = tokenizer, max_length
-        self.add_special_tokens = prompt_style != "chat"     # a chat template carries any BOS token itself
+                 prompt_style="plain"):
+        import datasets
+        # The template's load_dataset(path, "main"); a folder without the hub's README.md has no config "main"
+        config = "main" if "main" in datasets.get_dataset_config_names(dataset_path) else None
+        with tempfile.TemporaryDirectory() as cache:          # datasets keys a folder's cache on its name alone
+            data = datasets.load_dataset(dataset_path, config, split=split, **(
+                {"cache_dir": cache, "keep_in_memory": True} if Path(dataset_path).is_dir() else {}))
+        golds = [self.extract_answer(answer) for answer in data["answer"]]
+        self.rows = [i for i, gold in enumerate(golds) if gold is not None]    # no gold number: nothing to reward
+        if len(self.rows) < len(golds):
+            print(f"warning: {split}: dropped row(s) {sorted(set(range(len(golds))) - set(self.rows))[:5]} whose "
+                  f"answer has no '#### <number>'", file=sys.stderr)
+        self.questions, self.answers = [data["question"][i] for i in self.rows], [golds[i] for i in self.rows]
+        self.prompts = [build_prompt(q, tokenizer, prompt_style) for q in self.questions]
+        self.tokenizer, self.max_length, self.prompt_style = tokenizer, max_length, prompt_style
 
     def __len__(self):
         return len(self.prompts)
 
     # ----- TODO 1: tokenize a prompt -----
     def __getitem__(self, idx):
-        item = {"prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
-        if self.tokenizer is not None:
-            encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.add_special_tokens, truncation=True,
-                                     max_length=self.max_length, return_tensors="pt")
-            item.update(input_ids=encoded["input_ids"][0], attention_mask=encoded["attention_mask"][0])
-        return item
+        # A chat template writes any BOS token itself, so the tokenizer adds none to a chat prompt
+        encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.prompt_style != "chat", truncation=True,
+                                 max_length=self.max_length, return_tensors="pt")
+        return {"input_ids": encoded["input_ids"][0], "attention_mask": encoded["attention_mask"][0],
+                "prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
 
     @staticmethod
     def extract_answer(answer_str):
@@ -147,10 +136,9 @@ def collate_prompts(batch: list[dict], tokenizer) -> dict:
 
 # ===== Part 2: reward ==============================================================================================
 
-# A number is a whole token: optional sign and currency sign, digits with thousands separators only in groups of
-# three, an optional decimal part, then only closing punctuation before white space or the end: "1,234.", "$-5" and
-# "-\$5" are numbers; "3/4", "1,2,3", "1e309" and "12kg" are none (not a misread prefix). No two neighbouring classes
-# overlap: matching stays linear. In \boxed{...} (Qwen2.5's form) the brace ends it: \(\boxed{\$1,234}\).
+# A number is a whole token: optional signs, digits (thousands separators in groups of three), an optional decimal
+# part, then closing punctuation only: "1,234.", "$-5" are numbers, "3/4", "1,2,3", "1e309", "12kg" none; in \boxed{}
+# (Qwen2.5's form) the brace ends it. No two neighbouring classes overlap: matching stays linear.
 _DIGITS = r"-?\s?(?:\\?\$)?\s?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _NUMBER = _DIGITS + r"(?=[.,;:!?%)*}\]]*(?:\s|$))"
 _BOXED = r"\\boxed\{[ \t]*(" + _DIGITS + r")[ \t]*\}"
@@ -177,22 +165,16 @@ def extract_answer_from_completion(completion):
 
 
 def final_line_answer(completion: str) -> float | None:
-    """The number of a well-formed ending ('#### N' or \\boxed{N} closing the completion, see _FINAL_LINE), or None."""
+    """The number of a well-formed ending ('#### N' or \\boxed{N} closing the completion), or None."""
     text = completion or ""
     match = _FINAL_LINE.search(text) or _FINAL_BOX.fullmatch(text[text.rfind("\\boxed{"):])
     return parse_number(match.group(1)) if match else None
 
 
-def is_well_formed_gsm8k(completion: str) -> bool:
-    return final_line_answer(completion) is not None
-
-
 def same_number(pred: float | None, gold: float | None) -> bool:
     """Exact, as the numbers are written; a float's rounding error is forgiven only where the gold is no integer."""
-    if pred is None or gold is None:
-        return False
-    gold = float(gold)
-    return pred == gold or (not gold.is_integer() and math.isclose(pred, gold, rel_tol=1e-9, abs_tol=1e-12))
+    return pred is not None and gold is not None and (pred == gold or not float(gold).is_integer() and math.isclose(
+        pred, gold, rel_tol=1e-9, abs_tol=1e-12))
 
 
 def gsm8k_reward(completion: str, gold: float) -> float:
@@ -213,25 +195,18 @@ def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, stri
 
 # ===== Part 3: GRPO algorithm (pure tensor functions) ==============================================================
 
-def at_least_fp32(values) -> torch.Tensor:
-    """As floats of fp32 or wider: bf16 steps a ratio near 1 by 0.008, coarser than the clip's edges; fp64 stays."""
-    return (values := torch.as_tensor(values)).to(torch.promote_types(values.dtype, torch.float32))
-
-
 # ----- TODO 2: group-relative advantages -----
 def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, advantage_eps=1e-4):
-    """Rewards laid out group after group -> advantages of the same layout: each reward minus its group's mean (the
-    handout's baseline: normalize_by_std=False, as Dr. GRPO), by default then divided by the group's std + eps (the
-    GRPO paper's form, which the runs use). A group of equal rewards gets exactly 0: it carries no signal."""
-    rewards = at_least_fp32(rewards)
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.reshape(-1, group_size)                                # [prompts, group]
+    """Rewards laid out group after group -> advantages in the same layout. Default, the GRPO paper's (DeepSeekMath):
+    A = (r - mean of its group) / (std of its group + advantage_eps), std with Bessel's correction (torch.std).
+    normalize_by_std=False: A = r - mean of its group (Dr. GRPO). A group of equal rewards gets exactly 0."""
+    rewards = torch.as_tensor(rewards)
+    grouped = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).reshape(-1, group_size)  # [prompts, G]
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_by_std:
         advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
-    no_spread = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)          # mean may round; force exact 0
-    return torch.where(no_spread, 0.0, advantages).reshape(-1)              # [prompts * group]
+    no_spread = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)          # the mean may round: force exact 0
+    return torch.where(no_spread, 0.0, advantages).reshape(-1)              # [prompts * G]
 
 
 def masked_mean(tensor, mask):
@@ -245,61 +220,39 @@ def masked_mean_drgrpo(tensor, mask, num_tokens):
     return torch.where(mask.bool(), tensor, 0.0).sum() / (num_tokens * tensor.shape[0])
 
 
-def masked_token_mean(tensor, mask):
-    """Sum over masked entries / number of masked entries (DAPO's token-level mean)."""
-    mask = mask.bool()
-    return torch.where(mask, tensor, 0.0).sum() / mask.sum().clamp(min=1)
-
-
 def aggregate(tensor, mask, loss_agg="seq-mean", num_tokens=None):
-    """The loss's reduction: seq-mean (the GRPO paper's), token-mean (DAPO's) or drgrpo (Dr. GRPO's)."""
-    if loss_agg not in ("seq-mean", "token-mean", "drgrpo"):
-        raise ValueError(f"unknown loss aggregation {loss_agg!r}")
-    return masked_mean_drgrpo(tensor, mask, num_tokens or tensor.shape[-1]) if loss_agg == "drgrpo" else \
-        (masked_mean if loss_agg == "seq-mean" else masked_token_mean)(tensor, mask)
-
-
-LOGRATIO_CLAMP = 20.0  # exp(20) ~ 5e8 keeps fp32 finite; flat beyond it (no real step moves a token 20 nats)
+    """The loss's reduction: seq-mean (the GRPO paper's), drgrpo (Dr. GRPO's), token-mean (DAPO's: all tokens one
+    mean, that is masked_mean of the batch as one row)."""
+    if loss_agg == "drgrpo":
+        return masked_mean_drgrpo(tensor, mask, num_tokens or tensor.shape[-1])
+    return masked_mean(tensor.reshape(1, -1), mask.reshape(1, -1)) if loss_agg == "token-mean" else \
+        masked_mean(tensor, mask)
 
 
 def kl_k3(logprobs, ref_logprobs):
-    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0, in fp32 or wider."""
-    logratio = (at_least_fp32(ref_logprobs) - at_least_fp32(logprobs)).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0."""
+    logratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)               # exp(20) ~ 5e8 keeps fp32 finite
     return torch.exp(logratio) - logratio - 1.0
 
 
 # ----- TODO 3: the clipped policy-gradient loss -----
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
                         loss_agg="seq-mean", num_tokens=None):
-    """-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) per completion token. The default reduction is the
-    template's (the GRPO paper's mean per completion, then over completions); the runs pass Config's loss_agg="drgrpo",
-    Dr. GRPO's sum / (num_tokens * rows): a long answer's tokens weigh as much. clip_eps_high: DAPO's upper edge."""
-    mask = loss_mask.bool()                                                  # [batch, seq]
-    # Selection, not multiplication: garbage (even inf) at masked positions must not reach the loss or gradient
-    logratio = torch.where(mask, at_least_fp32(logprobs) - at_least_fp32(old_logprobs), 0.0)
-    ratio = torch.exp(logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP))       # [batch, seq]
-    adv = torch.as_tensor(advantages).to(ratio)                              # [batch] or [batch, 1]: one per row
-    adv = adv.reshape(-1, 1) if adv.numel() == len(ratio) else adv           # [batch, 1]; per token: [batch, seq]
+    """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) with
+    ratio = exp(logprobs - old_logprobs) and A the completion's advantage. Default reduction, the template's and the
+    GRPO paper's: the mean over each completion's tokens, then over completions; the runs pass loss_agg="drgrpo"
+    (Dr. GRPO: sum / (num_tokens * rows), so a long answer's tokens weigh as much). clip_eps_high: DAPO's upper edge."""
+    mask = loss_mask.bool()                                                    # [batch, seq]
+    # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
+    logratio = torch.where(mask, logprobs - old_logprobs, 0.0)                # [batch, seq]
+    ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
+    adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
     high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv
-    per_token = -torch.minimum(unclipped, clipped)                           # [batch, seq]
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv)   # [batch, seq]
     return aggregate(per_token, mask, loss_agg, num_tokens)
 
 
-@torch.no_grad()
-def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=None) -> dict:
-    """TODO 3's statistics: the share of tokens whose ratio is past the clip, and approx_kl (k3 of KL(old || new))."""
-    mask = loss_mask.bool()
-    logratio = torch.where(mask, at_least_fp32(logprobs) - at_least_fp32(old_logprobs), 0.0)
-    logratio = logratio.clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
-    ratio = torch.exp(logratio)
-    high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
-    return {"clipfrac": masked_token_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).float(), mask).item(),
-            "approx_kl": masked_token_mean((ratio - 1.0) - logratio, mask).item()}
-
-
-# ===== Part 4: training loop: rollout, log-probs, update, train_grpo, evaluation ===================================
+# ===== Part 4: training loop: generation, log-probs, the update, train_grpo, evaluation ============================
 
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a completion: the model's generation_config EOS list plus the tokenizer's EOS."""
@@ -320,22 +273,11 @@ def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int],
                             **knobs)
 
 
-@contextlib.contextmanager
-def inference_mode(model):
-    """Eval mode, no gradient: HF turns the KV cache off in training mode when checkpointing is on."""
-    was_training, _ = model.training, model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
 def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_tokens=256, temperature=1.0,
                          num_samples=4, *, batch_size=None, prefill=None):
-    """Sample `num_samples` completions per prompt (rows grouped per prompt; temperature 0: greedy). Returns output_ids,
-    attention_mask (what sampling attended to), completion_mask (up to and including the first EOS, by position),
-    prompt_length, completions (text), truncated, completion_lengths. `prefill`: a prompt's KV cache once a group."""
+    """Sample `num_samples` completions per prompt (grouped per prompt; temperature 0: greedy), `batch_size` rows a
+    call. Returns output_ids, attention_mask, completion_mask (through the first EOS), prompt_length, completions
+    (text), truncated, completion_lengths. `prefill`: a run's KV cache of each prompt, computed once for its group."""
     from transformers import GenerationConfig
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
@@ -345,10 +287,11 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     (rows, prompt_length), batch_size = prompt_ids.shape, batch_size or len(prompt_ids)
     share_prefill = prefill is not None and num_samples > 1 and batch_size >= num_samples and prompt_length > 1
     batch_size -= batch_size % num_samples if share_prefill else 0
-    pieces, saved_config = [], model.generation_config       # the model's own knobs out of generate()'s way
-    model.generation_config = GenerationConfig(eos_token_id=eos_ids)
+    pieces, saved_config, was_training = [], model.generation_config, model.training
+    model.generation_config = GenerationConfig(eos_token_id=eos_ids)     # the model's own knobs out of generate()'s way
+    model.eval()                  # HF turns the KV cache off in training mode when gradient checkpointing is on
     try:
-        with inference_mode(model):
+        with torch.no_grad():
             for start in range(0, rows, batch_size):
                 group = slice(start // num_samples, (start + batch_size) // num_samples)
                 cache = prefill(model, input_ids[group], attention_mask[group], num_samples) if share_prefill else {}
@@ -356,7 +299,7 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
                                      attention_mask=prompt_mask[start:start + batch_size], generation_config=config)
                 pieces.append(out[:, prompt_length:])
     finally:
-        model.generation_config = saved_config
+        model.generation_config, _ = saved_config, model.train(was_training)
     width = max(p.shape[1] for p in pieces)
     new_tokens = torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces])  # [rows, new]
     is_eos = torch.isin(new_tokens, torch.tensor(eos_ids, device=new_tokens.device))
@@ -384,6 +327,16 @@ class Rollout:
     advantages: torch.Tensor        # [rows]
     truncated: torch.Tensor         # [rows] bool
     completion_lengths: torch.Tensor  # [rows]
+    old_logprobs: torch.Tensor | None = None   # [rows, seq] the sampling policy's; None: the current one's (ratio 1)
+    ref_logprobs: torch.Tensor | None = None   # [rows, seq] a KL penalty's reference (a run's; Hooks.penalty)
+
+    @classmethod
+    def of(cls, sample: dict, rewards, advantages, mask_truncated: bool = False) -> "Rollout":
+        """generate_completions' sample with its rewards and advantages; mask_truncated drops cut completions."""
+        loss_mask = sample["completion_mask"].bool() & ~(sample["truncated"].unsqueeze(1) & mask_truncated)
+        return cls(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
+                   sample["completions"], rewards, advantages, sample["truncated"].cpu(),
+                   sample["completion_lengths"].cpu())
 
     def rows(self, rows, columns: int | None = None) -> "Rollout":
         """These rows only (an index tensor or a slice), and with `columns` only the first that many columns."""
@@ -394,279 +347,119 @@ class Rollout:
         return Rollout(**{name: pick(v) for name, v in vars(self).items()})
 
 
-def rollout_from(sample: dict, rewards, advantages, mask_truncated: bool = False) -> Rollout:
-    """One batch's record for the update: the sample, its rewards and advantages; mask_truncated drops cut ones. A
-    grader's sampler may give only output_ids, completions and prompt_length: every completion column then counts."""
-    ids, start = sample["output_ids"], sample["prompt_length"]
-    columns = (torch.arange(ids.shape[1], device=ids.device) >= start).long().expand_as(ids)          # [rows, seq]
-    sample = {"attention_mask": torch.ones_like(ids), "completion_mask": columns, "completion_lengths":
-              columns.sum(1), "truncated": torch.zeros(len(ids), dtype=torch.bool, device=ids.device), **sample}
-    loss_mask = sample["completion_mask"].bool() & ~(sample["truncated"].unsqueeze(1) & mask_truncated)
-    return Rollout(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
-                   sample["completions"], rewards, advantages, sample["truncated"].cpu(),
-                   sample["completion_lengths"].cpu())
-
-
-def position_ids_from_mask(attention_mask):
-    """Positions as generate() numbers them, pads at 0: a left-padded row scores as unpadded (for RoPE, a no-op)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def accepted(fn, **options) -> dict:
-    """The options fn takes (all, where it takes **kwargs): a grader's stand-in gets what the template gives it."""
-    import inspect
-    import unittest.mock
-    if isinstance(fn, unittest.mock.NonCallableMock):     # a Mock's signature says nothing of what it accepts
-        return {}
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    return {name: value for name, value in options.items() if takes_any or name in params}
-
-
-def call_model(model, input_ids, attention_mask, **extras):
-    """model(input_ids=..., attention_mask=...), each by name where forward names it or takes **kwargs (a Mock: the
-    template's call), else by position: forward(x, mask), GPT-2's (its second parameter is not the mask); extras too."""
-    import unittest.mock
-    forward, both = getattr(model, "forward", model), dict(input_ids=input_ids, attention_mask=attention_mask)
-    kwargs = both if isinstance(forward, unittest.mock.NonCallableMock) else accepted(forward, **both, **extras)
-    if "attention_mask" not in kwargs:                                        # both by position
-        return model(input_ids, attention_mask, **{k: v for k, v in kwargs.items() if k != "input_ids"})
-    return model(**kwargs) if "input_ids" in kwargs else model(input_ids, **kwargs)
-
-
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
-def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None,
-                                with_entropy=False):
+def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) under softmax(logits / T), the
-    distribution sampled from; 0 at column 0 and before prompt_length (not computed). The model is asked for the
-    logits kept only, and a left-padded row gets generate()'s positions. with_entropy: also the entropy there."""
-    start = min(max(1, prompt_length or 0), input_ids.shape[1])     # the first column scored
-    keep = input_ids.shape[1] - start + 1                           # logit positions needed: the prompt's last on
-    left_padded = attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any())
-    # 1. Forward pass: the model's own logits of the last `keep` positions                 [batch, keep, vocab]
-    out = call_model(model, input_ids, attention_mask, use_cache=False, logits_to_keep=keep, **(
-        {"position_ids": position_ids_from_mask(attention_mask)} if left_padded else {}))   # .logits, a dict, a tensor
-    logits = (out["logits"] if isinstance(out, dict) else getattr(out, "logits", out))[:, -keep:]
-    # 2. Shift: position t - 1 predicts token t; divided by the sampling temperature, in fp32 (fp64 stays)
-    logits, targets = at_least_fp32(logits[:, :-1]) / temperature, input_ids[:, start:]  # [batch, seq - start, vocab]
-    # 3. Log-softmax, then the sampled token's entry; 0 before `start`
-    logprobs = F.pad(logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1), (start, 0))  # [batch, seq]
-    if with_entropy:                                                                # a statistic: no gradient
-        return logprobs, F.pad(token_entropy(logits.detach()), (start, 0))          # [batch, seq] each
-    return logprobs
+    distribution the sampler drew from; 0 at column 0 and before prompt_length. A left-padded row is given the
+    positions generate() gave it, counted from its first real token (the default counts from column 0)."""
+    start = min(max(1, prompt_length or 0), input_ids.shape[1])                  # the first column scored
+    left_padded = attention_mask is not None and bool((attention_mask[:, 0] == 0).any())
+    positions = {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp(min=0)} if left_padded else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **positions).logits    # [batch, seq, vocab]
+    logits = logits[:, start - 1:-1]                           # position t - 1 predicts token t: [batch, seq - start]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature      # bf16 -> fp32; fp64 stays
+    logprobs = logits.log_softmax(-1).gather(-1, input_ids[:, start:, None]).squeeze(-1)     # [batch, seq - start]
+    return F.pad(logprobs, (start, 0))                                                       # [batch, seq]
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, fp32: entr(0) is 0 (p log p: 0 * -inf)."""
-    p = logits.float().softmax(-1)
-    return torch.special.entr(p, out=p).sum(-1)
+def micro_batches(rollout: Rollout, cfg: Config):
+    """(rows, columns, weight) of each micro-batch: micro_batch_size rows cut after their last completion column, at
+    their share of the loss (rows; tokens under token-mean), so the gradients add up to the whole batch's. Rows whose
+    gradient is exactly 0 (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
+    live = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
+        ((rollout.advantages != 0) | (rollout.ref_logprobs is not None))        # [rows]
+    index, tokens = live.nonzero().squeeze(1), rollout.loss_mask.sum().item()
+    for start in range(0, len(index), cfg.micro_batch_size):
+        rows = index[start:start + cfg.micro_batch_size]
+        used = rollout.loss_mask[rows.to(rollout.loss_mask.device)]             # [micro, seq]
+        share = used.sum().item() / max(tokens, 1) if cfg.loss_agg == "token-mean" else len(rows) / len(live)
+        yield rows, int(used.any(0).nonzero()[-1]) + 1, share
 
 
-def micro_batches(rollout: Rollout, size: int):
-    """(rows, columns): slices of rows, each trimmed to its last completion column (padding after every EOS)."""
-    for start in range(0, rollout.output_ids.shape[0], size):
-        rows = slice(start, start + size)
-        mask_cols = rollout.loss_mask[rows].any(0).nonzero()
-        yield rows, int(mask_cols[-1]) + 1 if len(mask_cols) else rollout.attention_mask.shape[1]
+def policy_update(model, optimizer, rollout: Rollout, cfg: Config, hooks: "Hooks") -> dict:
+    """Step 4: the clipped policy-gradient loss of each micro-batch, backpropagated at its share of the batch, then one
+    optimizer step on the clipped gradient (none when it is 0 or not finite). The loss and the gradient's norm."""
+    model.train()                       # dropout and gradient checkpointing, where a model has them
+    optimizer.zero_grad(set_to_none=True)
+    batch_loss = 0.0
+    for rows, columns, weight in micro_batches(rollout, cfg):
+        micro = rollout.rows(rows, columns)
+        logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
+                                               temperature=cfg.temperature, prompt_length=micro.prompt_length)
+        old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs     # one update: ratio 1
+        loss = compute_policy_loss(logprobs, old, micro.advantages, micro.loss_mask, cfg.clip_eps,
+                                   clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
+                                   num_tokens=cfg.max_new_tokens) + hooks.penalty(micro, logprobs, weight)
+        (loss * weight).backward()
+        batch_loss += weight * loss.item()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm).item()
+    if 0 < grad_norm < math.inf and math.isfinite(batch_loss):     # AdamW would move weights on a zero gradient too
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)                           # the gradients' memory, back for generation
+    return {"loss": batch_loss, "grad_norm": grad_norm}
 
 
-def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks=None) -> torch.Tensor:
-    """Log-probs without gradient (old policy, reference, after the step); given `chunks`, of their rows only."""
-    out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device)
-    with inference_mode(model):
-        for rows, used in micro_batches(rollout, cfg.micro_batch_size) if chunks is None else chunks:
-            out[rows, :used] = compute_logprobs_from_model(
-                model, rollout.output_ids[rows, :used], rollout.attention_mask[rows, :used],
-                temperature=cfg.temperature, prompt_length=rollout.prompt_length)
-    return out
+class Hooks:
+    """The one seam between train_grpo and a real run; these are the plain loop. Run, below the banner, overrides each:
+    it resumes, draws batches until groups' rewards differ, halves batches on out-of-memory, adds PPO epochs, the KL
+    penalty and statistics, logs and checkpoints."""
+    generation = {}         # generate_completions' options (Run: a batch size, a prompt's KV cache once a group)
 
+    def rollouts(self, loader, num_epochs: int, sample_and_score: Callable[[dict], Rollout]):
+        return (sample_and_score(batch) for _ in range(num_epochs) for batch in loader)
 
-def rows_with_signal(rollout: Rollout, cfg: Config) -> Rollout:     # less the rows whose gradient is exactly 0
-    keep = rollout.loss_mask.any(1).to(rollout.advantages.device) & ((rollout.advantages != 0) | (cfg.kl_coef > 0))
-    return rollout if keep.all() else rollout.rows(keep.nonzero().squeeze(1))
+    def update(self, rollout: Rollout, update: Callable[[], dict]) -> dict:
+        return update()
 
+    def penalty(self, micro: Rollout, logprobs, weight: float):     # added to a micro-batch's loss
+        return 0.0
 
-class UpdateBook:
-    """Step 4's bookkeeping: rows that run, micro-batch weights, old and reference log-probs, the step, statistics."""
+    def end_step(self, step: int, rollout: Rollout, stats: dict) -> dict:       # the step's record
+        return {"step": step, "reward_mean": rollout.rewards.mean().item(), **stats}
 
-    def __init__(self, model, optimizer, rollout: Rollout, cfg: Config, ref_model=None):
-        self.model, self.optimizer, self.cfg = model, optimizer, cfg
-        model.train()         # dropout and gradient checkpointing, where a model has them; generation runs in eval
-        rows_all, tokens_all = len(rollout.loss_mask), rollout.loss_mask.sum().item()
-        self.rollout = rollout = rows_with_signal(rollout, cfg)
-        self.old_logprobs = rollout_logprobs(model, rollout, cfg) if cfg.ppo_epochs > 1 else None
-        with ref_model.peft_model.disable_adapter() if hasattr(ref_model, "peft_model") else contextlib.nullcontext():
-            self.ref = None if ref_model is None or cfg.kl_coef <= 0 else rollout_logprobs(ref_model, rollout, cfg)
-        self.chunks = list(micro_batches(rollout, cfg.micro_batch_size))          # none when no row has signal
-        self.weights = [rollout.loss_mask[rows].sum().item() / max(tokens_all, 1) if cfg.loss_agg == "token-mean"
-                        else len(rollout.loss_mask[rows]) / rows_all for rows, _ in self.chunks]   # rows' or tokens'
-        self.covered = sum(self.weights) or 1.0    # the share of the loss run: stats average it (0: all masked)
-        self.stats = dict(loss=0.0, clipfrac=0.0, approx_kl=0.0, kl_ref=0.0, grad_norm=0.0, policy_kl=0.0,
-                          entropy=None, no_signal=not self.chunks, skipped=0 if self.chunks else cfg.ppo_epochs)
-        self.epoch, self.index, self.epoch_loss, self.entropy_sum, self.entropy_tokens = 0, 0, 0.0, 0.0, 0.0
-
-    def micro_batches(self):                 # (micro-batch as a Rollout of its rows and columns, weight)
-        for self.index, (rows, used) in enumerate(self.chunks):
-            yield self.rollout.rows(rows, used), self.weights[self.index]
-
-    def old(self, logprobs):                 # with one PPO epoch, the policy's own, detached: every ratio is 1
-        rows, used = self.chunks[self.index]
-        return logprobs.detach() if self.old_logprobs is None else self.old_logprobs[rows, :used]
-
-    def kl_penalty(self, micro: Rollout, logprobs):    # kl_coef x the k3 KL to the reference, reduced as the loss
-        if self.ref is None:
-            return 0.0
-        rows, used = self.chunks[self.index]
-        kl = aggregate(kl_k3(logprobs, self.ref[rows, :used]), micro.loss_mask, self.cfg.loss_agg,
-                       self.cfg.max_new_tokens)
-        self.stats["kl_ref"] += self.weights[self.index] * kl.item() / self.cfg.ppo_epochs
-        return self.cfg.kl_coef * kl
-
-    def note(self, micro: Rollout, logprobs, entropy, loss) -> None:      # statistics: entropy in the first epoch
-        cfg, mask = self.cfg, micro.loss_mask
-        if self.epoch == 0:
-            self.entropy_sum, self.entropy_tokens = self.entropy_sum + entropy[mask].sum(), \
-                self.entropy_tokens + mask.sum()
-            self.logprobs_before = logprobs.detach() if self.index == 0 else self.logprobs_before
-        self.epoch_loss += self.weights[self.index] * loss.item()
-        for key, value in clip_stats(logprobs, self.old(logprobs), mask, cfg.clip_eps, cfg.clip_eps_high).items():
-            self.stats[key] += self.weights[self.index] / self.covered * value / cfg.ppo_epochs
-
-    def optimizer_step(self, step: Callable) -> None:
-        """Clip the gradient's norm, then step() unless it is not finite; no micro-batch: no step (AdamW's momentum)."""
-        if not self.chunks:
-            return
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm).item()
-        if grad_norm == 0:              # no gradient (no advantage, the policy at its reference): AdamW's momentum
-            self.optimizer.zero_grad(set_to_none=True)           # would still move it
-            self.stats["skipped"] += 1
-        elif math.isfinite(self.epoch_loss) and math.isfinite(grad_norm):
-            step(self.model, self.optimizer)
-        else:                                                       # a non-finite step is never applied
-            self.optimizer.zero_grad(set_to_none=True)
-            self.stats["skipped"] += 1
-            print(f"warning: skipped an update with loss {self.epoch_loss} and grad norm {grad_norm}", file=sys.stderr)
-        self.stats["loss"] += self.epoch_loss / self.cfg.ppo_epochs
-        self.stats["grad_norm"] += grad_norm / self.cfg.ppo_epochs
-        self.epoch, self.epoch_loss = self.epoch + 1, 0.0
-
-    def finish(self) -> dict:
-        """The statistics, and how far the update moved the policy (one PPO epoch: every ratio 1, clipfrac 0)."""
-        if self.chunks:
-            self.optimizer.zero_grad(set_to_none=True)
-            rows, used = self.chunks[0]
-            after = rollout_logprobs(self.model, self.rollout, self.cfg, self.chunks[:1])[rows, :used]
-            moved = kl_k3(self.logprobs_before, after)          # KL(before || after), the first micro-batch's tokens
-            self.stats["policy_kl"] = masked_token_mean(moved, self.rollout.loss_mask[rows, :used]).item()
-            tokens = float(self.entropy_tokens)            # none: every completion masked out of the loss
-            self.stats["entropy"] = float(self.entropy_sum) / tokens if tokens else None
-        return self.stats
-
-
-def golds(batch: dict, group_size: int) -> list[float]:      # each gold once per completion (or default_collate's)
-    return [float(gold) for gold in batch["answers" if "answers" in batch else "answer"] for _ in range(group_size)]
-
-
-def settings(fn, cfg: Config) -> dict:
-    """cfg's settings for a TODO, where fn takes them (a grader's stub: none): reward, advantage and loss options."""
-    return accepted(fn, format_reward=cfg.format_reward, strict_answer=cfg.strict_answer,
-                    normalize_by_std=cfg.advantage == "grpo", advantage_eps=cfg.advantage_eps,
-                    clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens)
-
-
-@dataclass(eq=False)
-class LoopHooks:
-    """The one seam between train_grpo and a real run; these defaults are the plain loop (a batch a step). Run, below
-    the banner, resumes mid-epoch, draws batches until groups have signal, halves on OOM, logs, checkpoints, stops."""
-    cfg: Config
-    optimizer: Any
-    ref_model: Any = None          # the KL penalty's reference, the starting model (--kl-coef)
-    done: int = 0                  # steps taken
-    history: list = field(default_factory=list)       # each step's record
-    prefill = None                 # generate_completions' shared prompt cache (Run: prefill_once)
-
-    def rollouts(self, loader, num_epochs: int, sample_and_score: Callable[[dict], Rollout]):   # a batch a step
-        for batch in (batch for _ in range(num_epochs) for batch in loader):
-            if self.cfg.max_steps and self.done >= self.cfg.max_steps:
-                return
-            self.sampled = sample_and_score(batch)
-            yield self.sampled
-
-    def retry(self, knob: str, fn: Callable):      # sampling, an update, an evaluation batch (Run: halve on OOM)
+    def retry(self, knob: str, fn: Callable):                       # an evaluation batch
         return fn()
-
-    optimizer_step = staticmethod(lambda model, optimizer: optimizer.step())     # Run: OOM in it is final
-
-    def end_step(self, rollout: Rollout, stats: dict) -> None:     # the step's record (Run's hold more)
-        self.done += 1
-        self.history.append({"step": self.done, "reward_mean": self.sampled.rewards.float().mean().item(), **stats})
-
-
-def loop_setup(cfg: Config | None, hooks: LoopHooks | None, optimizer, *template_args) -> tuple[Config, LoopHooks]:
-    """train_grpo's settings (the template's arguments over Config's defaults, or cfg agreeing with them), hooks."""
-    given = dict(zip(("num_epochs", "group_size", "clip_eps", "max_new_tokens"), template_args))
-    if cfg is not None and any(getattr(cfg, k) != v for k, v in given.items()):
-        raise ValueError(f"train_grpo: the arguments {given} disagree with cfg; pass cfg's values")
-    cfg = cfg or Config(max_steps=0, **given)
-    hooks = hooks or LoopHooks(cfg, optimizer)
-    if cfg.kl_coef > 0 and hooks.ref_model is None:        # refused, not dropped: the penalty would be 0 silently
-        raise ValueError("train_grpo: kl_coef > 0 needs the reference model: pass hooks=LoopHooks(cfg, optimizer, "
-                         "ref_model=...)")
-    return cfg, hooks
 
 
 # ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
-               max_new_tokens=256, *, cfg: Config | None = None, hooks: LoopHooks | None = None):
+               max_new_tokens=256, *, cfg: Config | None = None, hooks: Hooks | None = None):
     """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
-    group's (the advantages), (4) take the clipped policy-gradient step over micro-batches; returns each step's record.
-    Other settings come from cfg, else Config's defaults: T 0.7, the paper's advantages, Dr. GRPO's loss, no KL
-    penalty, one update per rollout (`settings`: what each TODO gets). `hooks`: the seam a real run plugs into."""
-    cfg, hooks = loop_setup(cfg, hooks, optimizer, num_epochs, group_size, clip_eps, max_new_tokens)
+    group's (the advantages), (4) take the clipped policy-gradient step; prints and returns each step's record.
+    cfg holds every setting (without it: Config's defaults and these arguments); hooks: the seam a run plugs into."""
+    cfg = cfg or Config(num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps, max_new_tokens=max_new_tokens)
+    hooks, history = hooks or Hooks(), []
 
     def sample_and_score(batch) -> Rollout:
-        # 1. Sample group_size completions of each prompt from the current policy.
-        sample = hooks.retry("generation_batch_size", lambda: generate_completions(
-            model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device), max_new_tokens,
-            cfg.temperature, group_size, batch_size=cfg.generation_batch_size, prefill=hooks.prefill))
-        # 2. Reward each completion: 1 if its final number is its prompt's gold answer.
-        rewards = compute_reward(sample["completions"], golds(batch, group_size), **settings(compute_reward, cfg))
-        # 3. Advantages: each reward relative to the other completions of the same prompt.
-        advantages = compute_advantages_grpo(rewards, group_size, **settings(compute_advantages_grpo, cfg))
-        return rollout_from(sample, rewards, advantages, cfg.mask_truncated)
+        # 1. Sample group_size completions of each prompt from the current policy
+        sample = generate_completions(model, tokenizer, batch["input_ids"].to(device),
+                                      batch["attention_mask"].to(device), cfg.max_new_tokens, cfg.temperature,
+                                      cfg.group_size, **hooks.generation)
+        # 2. Reward each completion: 1 if its final number is its problem's gold answer
+        rewards = compute_reward(sample["completions"], [a for a in batch["answers"] for _ in range(cfg.group_size)],
+                                 format_reward=cfg.format_reward, strict_answer=cfg.strict_answer)
+        # 3. Advantages: each reward against its group's mean (and std)
+        return Rollout.of(sample, rewards, compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=(
+            cfg.advantage == "grpo"), advantage_eps=cfg.advantage_eps), cfg.mask_truncated)
 
-    def update(rollout: Rollout) -> dict:
-        # 4. The clipped policy-gradient step; the micro-batches' gradients add up to the whole batch's.
-        book = UpdateBook(model, optimizer, rollout, cfg, hooks.ref_model)     # rows, weights, old log-probs, stats
-        for _ in range(cfg.ppo_epochs):
-            optimizer.zero_grad(set_to_none=True)
-            for mb, weight in book.micro_batches():
-                logprobs, entropy = compute_logprobs_from_model(
-                    model, mb.output_ids, mb.attention_mask, temperature=cfg.temperature,
-                    prompt_length=mb.prompt_length, with_entropy=True)
-                loss = compute_policy_loss(logprobs, book.old(logprobs), mb.advantages, mb.loss_mask, clip_eps,
-                                           **settings(compute_policy_loss, cfg)) + book.kl_penalty(mb, logprobs)
-                (loss * weight).backward()
-                book.note(mb, logprobs, entropy, loss)
-            book.optimizer_step(hooks.optimizer_step)      # the norm clipped, then optimizer.step() (not if NaN)
-        return book.finish()
-
-    for rollout in hooks.rollouts(train_loader, num_epochs, sample_and_score):
-        hooks.end_step(rollout, hooks.retry("micro_batch_size", lambda: update(rollout)))
-    return hooks.history
+    for rollout in hooks.rollouts(train_loader, cfg.num_epochs, sample_and_score):
+        # 4. Update the policy: the clipped loss over micro-batches, then one optimizer step
+        stats = hooks.update(rollout, lambda: policy_update(model, optimizer, rollout, cfg, hooks))
+        history.append(hooks.end_step(len(history) + 1, rollout, stats))
+        print(f"step {history[-1]['step']}: mean reward {history[-1]['reward_mean']:.3f}, loss {stats['loss']:.4f}")
+    return history
 
 
 def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval",
-             hooks: LoopHooks | None = None) -> tuple[dict, list[dict]]:
+             hooks: Hooks | None = None) -> tuple[dict, list[dict]]:
     """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
     from tqdm.auto import tqdm
-    retry = (hooks or LoopHooks(cfg, None)).retry
     loader = DataLoader(dataset, cfg.eval_batch_size, generator=torch.Generator(),     # its own: the global one's
                         collate_fn=lambda b: collate_prompts(b, tokenizer))            # draws would shift sampling
     records = []
     for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):     # None: no bar in a log file
-        out = retry("eval_batch_size", lambda: generate_completions(    # a run's halving splits the batch
+        out = (hooks or Hooks()).retry("eval_batch_size", lambda: generate_completions(  # a run's halving splits it
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
         for question, gold, completion, tokens, cut in zip(batch["questions"], batch["answers"], out["completions"],
@@ -674,7 +467,7 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
             records.append({"question": question, "gold": gold, "completion": completion, "tokens": tokens,
                             "truncated": bool(cut), "extracted": extract_answer_from_completion(completion),
                             "correct": gsm8k_reward(completion, gold) == 1.0,
-                            "well_formed": is_well_formed_gsm8k(completion)})
+                            "well_formed": final_line_answer(completion) is not None})
     n = max(len(records), 1)
     return ({"accuracy": sum(r["correct"] for r in records) / n,
              "format_rate": sum(r["well_formed"] for r in records) / n}, records)
@@ -704,23 +497,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
-    """The template's main in phases: set up; evaluate; train (Run.train: train_grpo, the run as hooks); evaluate.
-    Each leaves a folder --resume continues from: Ctrl-C or a failure anywhere ends in one line saying how."""
-    phase = "loading"
-    try:
-        run = prepare_run(cfg, run_dir, resume)     # prints Loading tokenizer and model..., dataset..., optimizer...
-        for phase, do in ((("the evaluation", score_only),) if cfg.eval_only else
-                          (("the evaluation before training", evaluate_before), ("training", Run.train),
-                           ("the final evaluation and save", finish_run))):
-            do(run)
-        return run.summary
-    except UserError:
-        raise
-    except (KeyboardInterrupt, Exception) as e:      # a full disk in safetensors, NaN sampling, ...: one line
-        raise failure_message(e, phase, cfg, run_dir, resume) from None
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it the algorithm,
 # in the order a run meets it: command line, set-up, a step filled with signal, run folder and resume (Run: the
@@ -728,6 +504,7 @@ def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -738,6 +515,9 @@ import random
 import shutil
 import time
 import warnings
+from dataclasses import KW_ONLY
+
+from torch.utils.data import DistributedSampler
 
 
 # ----- The run's settings, command line and validation -----
@@ -758,6 +538,10 @@ class RunConfig(Config):
     min_signal_groups: int = _flag(-1, "draw batches until N groups' rewards differ (-1: --batch-size, 0: off)")
     max_draws: int = _flag(4, "at most this many further batches a step draws for --min-signal-groups")
     # optimization
+    max_steps: int = _flag(200, "stop after this many steps (0 = no limit)")
+    kl_coef: float = _flag(0.0, "weight of the k3 KL to the starting model (0 = no reference)")
+    ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
+    generation_batch_size: int = _flag(64, "sequences per generate call (halved automatically on CUDA OOM)")
     lora_rank: int = _flag(0, "train peft LoRA adapters of this rank instead of every weight (0 = full)")
     lora_alpha: int = _flag(32, "LoRA scale: an adapter's update is multiplied by alpha / rank")
     lora_targets: str = _flag("all-linear", "layers with adapters: all-linear (the body's), or names: q_proj,v_proj")
@@ -1006,7 +790,25 @@ def ctrl_c_latch():
         _ctrl_c.update(pressed=False, training=False, asked=0.0)
 
 
-# ----- The run's set-up, as prepare_run (Part 5) calls it: device, model, data, schedule; its failures -----
+# ----- The run's phases and set-up, as main (Part 5) calls them: device, model, data, schedule; its failures -----
+
+def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
+    """The template's main in phases: set up; evaluate; train (Run.train: train_grpo, the run as hooks); evaluate.
+    Each leaves a folder --resume continues from: Ctrl-C or a failure anywhere ends in one line saying how."""
+    phase = "loading"
+    try:
+        run = prepare_run(cfg, run_dir, resume)     # prints Loading tokenizer and model..., dataset..., optimizer...
+        for phase, do in ((("the evaluation", score_only),) if cfg.eval_only else
+                          (("the evaluation before training", evaluate_before), ("training", Run.train),
+                           ("the final evaluation and save", finish_run))):
+            do(run)
+        return run.summary
+    except UserError:
+        raise
+    except (KeyboardInterrupt, Exception) as e:      # a full disk in safetensors, NaN sampling, ...: one line
+        raise failure_message(e, phase, cfg, run_dir, resume) from None
+
+
 
 def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
     """The template's set-up: model, data, optimizer; a resumed run then continues from its newest checkpoint."""
@@ -1035,13 +837,13 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
         load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False)
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
-    model.config.use_cache = True   # generation keeps its KV cache; the update forward passes use_cache=False
+    model.config.use_cache = False  # the update's forward passes keep no KV cache; generate() asks for its own
     check_kv_cache_fits(cfg, model, device)
 
     print("Loading dataset...")
     # Validation: the first --val-size problems of the train split; training takes the ones after them.
     part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
-    problems = lambda split: without_long_prompts(GSM8KDataset(
+    problems = lambda split: without_long_prompts(TaskDataset(
         split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset, prompt_style=cfg.prompt_style,
         task=TASKS[cfg.task]))
     eval_set = problems(part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
@@ -1085,7 +887,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
 
 def without_long_prompts(dataset: GSM8KDataset) -> GSM8KDataset:
     """The dataset less its prompts over max_length tokens (cut, a question is another one), so steps are full."""
-    encoded = dataset.tokenizer(dataset.prompts, add_special_tokens=dataset.add_special_tokens)["input_ids"]
+    encoded = dataset.tokenizer(dataset.prompts, add_special_tokens=dataset.prompt_style != "chat")["input_ids"]
     keep = [i for i, ids in enumerate(encoded) if len(ids) <= dataset.max_length]
     if len(keep) < len(encoded):
         print(f"warning: dropped {len(encoded) - len(keep)} of {len(encoded)} prompts longer than "
@@ -1296,6 +1098,11 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     folder.rmdir()
 
 
+def position_ids_from_mask(attention_mask):
+    """Positions as generate() numbers them, pads at 0: a left-padded row scores as unpadded."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
     """A run's `prefill`: the KV cache of every prompt token but the last, once a prompt, repeated for its samples."""
     import inspect
@@ -1309,12 +1116,148 @@ def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
     return {name: cache}
 
 
+@torch.no_grad()
+@contextlib.contextmanager
+def inference_mode(model):
+    """Eval mode, no gradient: HF turns the KV cache off in training mode when checkpointing is on."""
+    was_training, _ = model.training, model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=None) -> dict:
+    """TODO 3's statistics: the share of tokens whose ratio is past the clip, and approx_kl (k3 of KL(old || new))."""
+    mask = loss_mask.bool()
+    logratio = torch.where(mask, logprobs.float() - old_logprobs.float(), 0.0).clamp(-20.0, 20.0)
+    ratio = torch.exp(logratio)
+    high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
+    return {"clipfrac": masked_token_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).float(), mask).item(),
+            "approx_kl": masked_token_mean((ratio - 1.0) - logratio, mask).item()}
+
+
+def masked_token_mean(tensor, mask):
+    """Sum over masked entries / number of masked entries."""
+    mask = mask.bool()
+    return torch.where(mask, tensor, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def is_well_formed_gsm8k(completion: str) -> bool:
+    return final_line_answer(completion) is not None
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """[..., vocab] logits -> [...] entropy of softmax(logits) in nats, fp32: entr(0) is 0 (p log p: 0 * -inf)."""
+    p = logits.float().softmax(-1)
+    return torch.special.entr(p, out=p).sum(-1)
+
+
+def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows, seq] log-probs without gradient of the micro-batches `chunks` (micro_batches'), the rest 0."""
+    out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device) \
+        if out is None else out
+    with inference_mode(model):
+        for rows, columns, _ in chunks:
+            rows = rows.to(out.device)
+            out[rows, :columns] = compute_logprobs_from_model(
+                model, rollout.output_ids[rows, :columns], rollout.attention_mask[rows, :columns],
+                temperature=cfg.temperature, prompt_length=rollout.prompt_length)
+    return out
+
+
+@dataclass(eq=False)
+class UpdateHooks(Hooks):
+    """Step 4 as a run takes it (train_grpo's update through these hooks): PPO epochs on one rollout with its old
+    log-probs computed once before them, the KL penalty to the reference, the update's statistics, and micro-batches
+    halved on out-of-memory. Run adds the rest of a run; tests and benchmarks use these alone."""
+    cfg: Any
+    optimizer: Any
+    ref_model: Any = None          # the KL penalty's reference, the starting model (--kl-coef)
+    _: KW_ONLY
+    model: Any = None
+
+    def __post_init__(self):           # refused, not dropped: the penalty would be 0 in silence
+        if self.cfg.kl_coef > 0 and self.ref_model is None:
+            raise ValueError("kl_coef > 0 needs the reference model: UpdateHooks(cfg, optimizer, ref_model=...)")
+
+    def update(self, rollout: Rollout, update: Callable[[], dict]) -> dict:
+        check_ctrl_c()                        # after a Ctrl-C Python dropped
+        return halve_on_oom(self.cfg, "micro_batch_size", lambda: self.epochs(rollout, update), self.optimizer)
+
+    def epochs(self, rollout: Rollout, update: Callable[[], dict]) -> dict:
+        """cfg.ppo_epochs updates; the statistics of them all, and how far they moved the policy (policy_kl)."""
+        cfg, model = self.cfg, self.model
+        model.train()         # dropout and gradient checkpointing, where a model has them; generation runs in eval
+        rollout.old_logprobs = rollout.ref_logprobs = None            # a retry after out-of-memory starts anew
+        if self.ref_model is not None and cfg.kl_coef > 0:     # every row then has a gradient (its KL): all scored
+            rollout.ref_logprobs = torch.zeros(rollout.output_ids.shape, device=rollout.output_ids.device)
+            with self.ref_model.peft_model.disable_adapter() if hasattr(self.ref_model, "peft_model") else \
+                    contextlib.nullcontext():
+                rollout_logprobs(self.ref_model, rollout, cfg, list(micro_batches(rollout, cfg)), rollout.ref_logprobs)
+        self.chunks = list(micro_batches(rollout, cfg))          # none when no row has a gradient
+        if cfg.ppo_epochs > 1:
+            rollout.old_logprobs = rollout_logprobs(model, rollout, cfg, self.chunks)
+        self.covered = sum(weight for *_, weight in self.chunks) or 1.0     # the share of the loss run (0: all masked)
+        self.stats = dict(loss=0.0, clipfrac=0.0, approx_kl=0.0, kl_ref=0.0, grad_norm=0.0, policy_kl=0.0,
+                          entropy=None, no_signal=not self.chunks, skipped=0)
+        self.entropy_sum, self.entropy_tokens, self.logits = 0.0, 0.0, None
+        capture = model.register_forward_hook(lambda module, args, output: setattr(self, "logits", output.logits))
+        try:
+            for self.epoch in range(cfg.ppo_epochs):
+                self.index, begun = 0, getattr(self.optimizer, "updates_begun", 0)
+                try:
+                    result = update()
+                except RuntimeError as e:          # out of memory in optimizer.step(): final, with what it holds
+                    if is_out_of_memory(e) and getattr(self.optimizer, "updates_begun", 0) != begun:
+                        raise optimizer_out_of_memory(model) from None
+                    raise
+                if not (0 < result["grad_norm"] < math.inf and math.isfinite(result["loss"])):
+                    self.stats["skipped"] += 1            # no step: a zero gradient, or one not finite
+                    if not (math.isfinite(result["loss"]) and math.isfinite(result["grad_norm"])):
+                        print(f"warning: skipped an update with loss {result['loss']} and grad norm "
+                              f"{result['grad_norm']}", file=sys.stderr)
+                self.stats["loss"] += result["loss"] / cfg.ppo_epochs
+                self.stats["grad_norm"] += result["grad_norm"] / cfg.ppo_epochs
+        finally:
+            capture.remove()
+            self.logits = None
+        if self.chunks:           # KL(before || after) on the first micro-batch's tokens
+            rows, columns, _ = self.chunks[0]
+            after = rollout_logprobs(model, rollout, cfg, self.chunks[:1])[rows.to(rollout.output_ids.device), :columns]
+            moved = kl_k3(self.logprobs_before, after)
+            self.stats["policy_kl"] = masked_token_mean(moved, rollout.rows(rows, columns).loss_mask).item()
+            tokens = float(self.entropy_tokens)            # none: every completion masked out of the loss
+            self.stats["entropy"] = float(self.entropy_sum) / tokens if tokens else None
+        return self.stats
+
+    def penalty(self, micro: Rollout, logprobs, weight: float):
+        """kl_coef x the k3 KL to the reference, reduced as the loss; and the micro-batch's statistics."""
+        cfg, mask = self.cfg, micro.loss_mask
+        with torch.no_grad():
+            old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+            for key, value in clip_stats(logprobs, old, mask, cfg.clip_eps, cfg.clip_eps_high).items():
+                self.stats[key] += weight / self.covered * value / cfg.ppo_epochs
+            if self.epoch == 0:                # the entropy of the policy sampled from, at the completion's tokens
+                start = min(max(1, micro.prompt_length), logprobs.shape[1])
+                entropy = F.pad(token_entropy(self.logits[:, start - 1:-1].float() / cfg.temperature), (start, 0))
+                self.entropy_sum, self.entropy_tokens = self.entropy_sum + entropy[mask].sum(), \
+                    self.entropy_tokens + mask.sum()
+                self.logprobs_before = logprobs.detach() if self.index == 0 else self.logprobs_before
+            self.index, self.logits = self.index + 1, None
+        if micro.ref_logprobs is None:
+            return 0.0
+        kl = aggregate(kl_k3(logprobs, micro.ref_logprobs), mask, cfg.loss_agg, cfg.max_new_tokens)
+        self.stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
+        return cfg.kl_coef * kl
+
+
 @dataclass(eq=False, kw_only=True)
-class Run(LoopHooks):
-    """What a run's phases share, and train_grpo's hooks (LoopHooks); its cfg is a RunConfig."""
+class Run(UpdateHooks):
+    """What a run's phases share, and train_grpo's hooks; its cfg is a RunConfig."""
     run_dir: Path
     device: torch.device
-    model: Any
     tokenizer: Any
     loader: DataLoader | None
     eval_set: GSM8KDataset
@@ -1328,31 +1271,32 @@ class Run(LoopHooks):
     saved_step: int | None = None     # the step of the newest checkpoint on disk
     metrics_file: Any = None          # metrics.jsonl, open while training
 
+    done: int = 0                       # steps taken
+
     def rollouts(self, loader, num_epochs: int, sample_and_score):
         """From where the run stands, each step drawing batches until enough groups' rewards differ (DAPO)."""
         cfg = self.cfg
-        from tqdm.auto import tqdm
-        with tqdm(total=last_step(cfg, loader), initial=self.start["step"], desc="GRPO", dynamic_ncols=True,
-                  disable=None) as self.bar:
-            for epoch, batches in epochs_from(loader, num_epochs, self.start):
-                for index, batch in batches:
-                    if cfg.max_steps and self.done >= cfg.max_steps:
-                        return
-                    t0 = time.perf_counter()
-                    drawn, index = draw_for_signal(sample_and_score(batch), index, batches, sample_and_score, cfg)
-                    self.position, self.timing = (epoch, index + 1), (time.perf_counter() - t0, time.perf_counter())
-                    self.sampled = merge_rollouts(drawn, self.tokenizer.pad_token_id or 0)
-                    yield groups_with_signal(self.sampled, cfg) if cfg.signal_groups else self.sampled
+        sample = lambda batch: self.retry("generation_batch_size", lambda: sample_and_score(batch))
+        for epoch, batches in epochs_from(loader, num_epochs, self.start):
+            for index, batch in batches:
+                if cfg.max_steps and self.done >= cfg.max_steps:
+                    return
+                t0 = time.perf_counter()
+                drawn, index = draw_for_signal(sample(batch), index, batches, sample, cfg)
+                self.position, self.timing = (epoch, index + 1), (time.perf_counter() - t0, time.perf_counter())
+                self.sampled = merge_rollouts(drawn, self.tokenizer.pad_token_id or 0)
+                yield groups_with_signal(self.sampled, cfg) if cfg.signal_groups else self.sampled
 
-    prefill = staticmethod(prefill_once)
+    @property
+    def generation(self) -> dict:       # read at each call: out-of-memory halves the batch size
+        return {"batch_size": self.cfg.generation_batch_size, "prefill": prefill_once}
 
     def retry(self, knob: str, fn: Callable):       # after a Ctrl-C Python dropped; on OOM, cfg.<knob> halved
         check_ctrl_c()
         return halve_on_oom(self.cfg, knob, fn, self.optimizer)
 
-    optimizer_step = staticmethod(lambda model, optimizer: optimizer_step(model, optimizer))   # looked up at the call
-
-    def end_step(self, rollout: Rollout, stats: dict) -> dict:
+    
+    def end_step(self, step: int, rollout: Rollout, stats: dict) -> dict:
         """The schedule; the record, its metrics.jsonl line, then checkpoint, summary, plots; a stop asked for."""
         cfg, run_dir, lr = self.cfg, self.run_dir, self.optimizer.param_groups[0]["lr"]
         with warnings.catch_warnings():        # counts steps, those without an optimizer step too
@@ -1361,10 +1305,6 @@ class Run(LoopHooks):
         record = step_record(self.done + 1, *self.position, self.sampled, rollout, stats, self.cfg, lr,
                              self.timing[0], time.perf_counter() - self.timing[1])
         self.done += 1
-        self.history.append(record)
-        self.bar.update(1)
-        self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}",
-                             entropy="-" if record["entropy"] is None else f"{record['entropy']:.3f}")
         self.last_record, self.rng = record, rng_state(self.optimizer)
         self.updates_at_record = getattr(self.optimizer, "updates_begun", 0)
         self.metrics_file.write(json.dumps(record) + "\n")     # before the checkpoint: a kill between the two
@@ -1999,6 +1939,7 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self.updates_begun = getattr(self, "updates_begun", 0) + 1    # a failure from here leaves weights mid-update
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -2057,22 +1998,17 @@ def is_out_of_memory(error: BaseException) -> bool:
         re.search(r"out of memory|ALLOC_FAILED|failed to allocate", str(error), re.IGNORECASE)))
 
 
-def optimizer_step(model, optimizer) -> None:
-    """optimizer.step(), where out of memory is final: a retried step would update moments and weights twice."""
-    optimizer.updates_begun = getattr(optimizer, "updates_begun", 0) + 1     # a failure from here: weights mid-update
-    try:
-        optimizer.step()
-    except RuntimeError as e:
-        if not is_out_of_memory(e):
-            raise
-        trained = [p for p in model.parameters() if p.requires_grad]
-        gib = lambda params, size=0: sum(p.numel() * (size or p.element_size()) for p in params) / 2**30
-        lora = "--lora-rank 16 (adapters only), " if len(trained) == len(list(model.parameters())) else ""
-        raise UserError(f"out of memory in the optimizer step: weights {gib(model.parameters()):.1f} GiB + gradients "
-                        f"{gib(trained):.1f} GiB + AdamW moments {gib(trained, 8):.1f} GiB (fp32) do not fit beside "
-                        f"the rest. Smaller batches do not help here; {lora}--dtype bfloat16 if the weights are "
-                        f"float32, {'no --kl-coef (its reference copy), ' if lora else ''}or a smaller model would. "
-                        f"This step was not applied and no checkpoint was written after it") from None
+def optimizer_out_of_memory(model) -> "UserError":
+    """Out of memory in optimizer.step() is final (a retried step would update moments and weights twice): what the
+    optimizer holds, and what would make it fit."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    gib = lambda params, size=0: sum(p.numel() * (size or p.element_size()) for p in params) / 2**30
+    lora = "--lora-rank 16 (adapters only), " if len(trained) == len(list(model.parameters())) else ""
+    return UserError(f"out of memory in the optimizer step: weights {gib(model.parameters()):.1f} GiB + gradients "
+                     f"{gib(trained):.1f} GiB + AdamW moments {gib(trained, 8):.1f} GiB (fp32) do not fit beside "
+                     f"the rest. Smaller batches do not help here; {lora}--dtype bfloat16 if the weights are "
+                     f"float32, {'no --kl-coef (its reference copy), ' if lora else ''}or a smaller model would. "
+                     f"This step was not applied and no checkpoint was written after it")
 
 
 class OutOfMemory(Exception):
@@ -2285,6 +2221,16 @@ class Task:
             raise UserError(f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
         start, end = int(match.group(2) or 0), int(match.group(3) or 0)
         return enough_rows(word_problem_split(match.group(1), end, self.steps)[start:], split)
+
+
+class TaskDataset(GSM8KDataset):
+    """GSM8KDataset over a run's task: its problems (a --dataset folder or hub id, or generated), checked and
+    numbered by their rows in the split (checked_problems), in its prompt."""
+
+    def __init__(self, split, tokenizer, max_length, *, dataset_path: str, prompt_style: str, task: Task):
+        self.questions, self.answers, self.rows = task.problems(dataset_path, split)
+        self.prompts = [build_prompt(q, tokenizer, prompt_style, task.instruction) for q in self.questions]
+        self.tokenizer, self.max_length, self.prompt_style = tokenizer, max_length, prompt_style
 
 
 HASH_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "

@@ -59,17 +59,17 @@ def measure(args) -> dict:
         t1 = time.perf_counter()
         rollout = dataclasses.replace(rollout, advantages=torch.randn(rollout.advantages.shape,
                                                                       generator=torch.Generator().manual_seed(step)))
-        real_step, seconds = gh.optimizer_step, {}
+        real_step, seconds = optimizer.step, {}
 
-        def timed_step(model, optimizer):
+        def timed_step():
             t = time.perf_counter()
-            real_step(model, optimizer)
+            real_step()
             seconds["optimizer"] = time.perf_counter() - t
-        gh.optimizer_step = timed_step
+        optimizer.step = timed_step
         try:
             update_once(model, optimizer, rollout, cfg)
         finally:
-            gh.optimizer_step = real_step
+            optimizer.step = real_step
         t2 = time.perf_counter()
         if step:
             for key, value in (("generation", t1 - t0), ("update without optimizer", t2 - t1 - seconds["optimizer"]),

@@ -102,7 +102,7 @@ def measure(path: str, dtype: str, hidden: int = 1536) -> float:
             logprobs = logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
             logprobs = logprobs[:, PROMPT - 1:]
         else:
-            logprobs = score(model, ids, mask, prompt_length=PROMPT, with_entropy=True)[0][:, PROMPT:]
+            logprobs = score(model, ids, mask, prompt_length=PROMPT)[:, PROMPT:]
         logprobs.mean().backward()
     return rss_mb("VmHWM") - base, time.perf_counter() - t0
 

@@ -2,7 +2,7 @@
 
 Previous: generate prefills every row's prompt (8 times per group), and a step whose groups all got equal
 rewards still runs forward and backward for an exactly-zero gradient. Today: generation prefills each prompt once
-per group (prefill_once), and rows without signal run no pass (rows_with_signal).
+per group (prefill_once), and rows without signal run no pass (micro_batches leaves them out).
 
 Each step samples one rollout as train_grpo does (sampled_rollout) both ways from the same seed, timing each,
 then times on today's rollout, from the same weights: the no-grad log-prob pass that the old policy
@@ -39,10 +39,19 @@ SMOLLM2 = os.environ.get("GRPO_SMOLLM2") or str(Path.home() / ".cache/grpo-homew
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
 
 
+def every_row(rollout, cfg):
+    """micro_batches less its filter: every row runs, at its share of the loss."""
+    rows_all, tokens = len(rollout.completions), rollout.loss_mask.sum().item()
+    for start in range(0, rows_all, cfg.micro_batch_size):
+        rows = torch.arange(start, min(start + cfg.micro_batch_size, rows_all))
+        yield rows, rollout.output_ids.shape[1], rollout.loss_mask[rows].sum().item() / max(tokens, 1) \
+            if cfg.loss_agg == "token-mean" else len(rows) / rows_all
+
+
 def previous_path():
     """Generation, log-prob pass and update as they were: one prompt per row, and every row runs."""
     return {"prefill_once": lambda *args: {},           # no shared cache: generate() prefills each row itself
-            "rows_with_signal": lambda rollout, cfg: rollout}
+            "micro_batches": every_row}
 
 
 def sampled_rollout(model, tokenizer, batch, cfg, device) -> gh.Rollout:
@@ -56,7 +65,7 @@ def sampled_rollout(model, tokenizer, batch, cfg, device) -> gh.Rollout:
                                 strict_answer=cfg.strict_answer)
     advantages = gh.compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
                                             advantage_eps=cfg.advantage_eps)
-    return gh.rollout_from(sample, rewards, advantages, cfg.mask_truncated)
+    return gh.Rollout.of(sample, rewards, advantages, cfg.mask_truncated)
 
 
 @contextlib.contextmanager
@@ -87,8 +96,10 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
     silent = dataclasses.replace(rollout, advantages=torch.zeros_like(rollout.advantages))
     try:
         with patched(patches):
+            every = dataclasses.replace(rollout, ref_logprobs=rollout.output_ids)   # every row, as for a reference
+            chunks = list(gh.micro_batches(every, cfg))
             out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(model, rollout,
-                                                                                                 cfg)),
+                                                                                                 cfg, chunks)),
                "update, every group with spread": timed(lambda: update_once(model, optimizer, spread, cfg))}
             model.load_state_dict(weights)
             optimizer.load_state_dict(state)
@@ -162,8 +173,8 @@ def main():
     torch.manual_seed(0)
     model, tokenizer = gh.load_model_and_tokenizer(args.model, device, "float32")   # TRL runs beside it in fp32
     dataset = str(GSM8K) if args.task == "gsm8k" else ""
-    problems = gh.GSM8KDataset(f"train[:{(args.steps + 1) * args.batch_size}]", tokenizer, dataset_path=dataset,
-                               prompt_style="chat", task=gh.TASKS[args.task])
+    problems = gh.TaskDataset(f"train[:{(args.steps + 1) * args.batch_size}]", tokenizer, 512, dataset_path=dataset,
+                              prompt_style="chat", task=gh.TASKS[args.task])
     loader = torch.utils.data.DataLoader(problems, batch_size=args.batch_size,
                                          collate_fn=lambda b: gh.collate_prompts(b, tokenizer))
     optimizer = gh.build_optimizer(model.parameters(), cfg.learning_rate)

@@ -30,20 +30,13 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", spec)
 
 def update_once(model, optimizer, rollout, cfg, ref_model=None) -> dict:
-    """train_grpo's step 4 on a rollout made here, through its seam (LoopHooks): the update's statistics. The
-    optimizer step is the run's (gh.optimizer_step, looked up at the call: a benchmark may time it)."""
-    class OneRollout(gh.LoopHooks):
+    """train_grpo's step 4 on a rollout made here, as a run takes it (the UpdateHooks of its seam): the record of
+    the step, with the update's statistics."""
+    class OneRollout(gh.UpdateHooks):
         def rollouts(self, loader, num_epochs, sample_and_score):
-            self.sampled = rollout
             yield rollout
-
-        def optimizer_step(self, model, optimizer):
-            gh.optimizer_step(model, optimizer)
-
-        def end_step(self, rollout, stats):
-            self.history.append(stats)
-    return gh.train_grpo(model, None, None, optimizer, None, cfg.num_epochs, cfg.group_size, cfg.clip_eps,
-                         cfg.max_new_tokens, cfg=cfg, hooks=OneRollout(cfg, optimizer, ref_model))[0]
+    return gh.train_grpo(model, None, None, optimizer, None, cfg=cfg,
+                         hooks=OneRollout(cfg, optimizer, ref_model, model=model))[0]
 
 
 # Hand-written, GSM8K style: reasoning, then '#### <number>' (one with a thousands separator).

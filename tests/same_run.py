@@ -87,6 +87,25 @@ def digest(run: Path) -> dict:
     return {"metrics": metrics, **evals, **weights}
 
 
+def how_far(a: Path, b: Path, bad: list[str]) -> str:
+    """For runs that differ: the largest relative difference of a metric, and of a weight (over the tensor's scale)."""
+    import math
+    from safetensors.torch import load_file
+    worst = 0.0
+    for ma, mb in zip(*(digest(run)["metrics"] for run in (a, b))):
+        for key in ma.keys() & mb.keys():
+            x, y = ma[key], mb[key]
+            if isinstance(x, float) and isinstance(y, float) and x != y and math.isfinite(x) and math.isfinite(y):
+                worst = max(worst, abs(x - y) / max(abs(x), abs(y)))
+    weights = 0.0
+    for key in (k for k in bad if k.endswith(".safetensors")):
+        wa, wb = load_file(a / key), load_file(b / key)
+        for name in wa.keys() & wb.keys():
+            ta, tb = wa[name].float(), wb[name].float()
+            weights = max(weights, ((ta - tb).abs().max() / ta.abs().max().clamp(min=1e-30)).item())
+    return f"metrics within {worst:.1e} relative, weights within {weights:.1e} of their scale"
+
+
 def compare(a: Path, b: Path) -> int:
     differ = 0
     for run in sorted(p.name for p in a.iterdir()):
@@ -94,7 +113,9 @@ def compare(a: Path, b: Path) -> int:
         bad = [k for k in da.keys() | db.keys() if da.get(k) != db.get(k)]
         differ += bool(bad)
         print(f"{run:10s} {'SAME' if not bad else 'DIFFERENT: ' + ', '.join(sorted(bad))}"
-              f" ({len(da['metrics'])} steps, {sum(k.endswith('.safetensors') for k in da)} weight files)")
+              f" ({len(da['metrics'])} steps, {sum(k.endswith('.safetensors') for k in da)} weight files)"
+              + (f"; {how_far(a / run, b / run, bad)}" if bad and "metrics" in bad or
+                 any(k.endswith(".safetensors") for k in bad) else ""))
     return int(differ > 0)
 
 

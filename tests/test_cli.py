@@ -224,7 +224,7 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(model_dir, gsm8k_dir, 
     # an allocation failure that a library reports as a plain RuntimeError is halved too
     (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), 4, [8, 4])])
 def test_out_of_memory_halves_the_micro_batch(error, fits_at, calls):
-    cfg = gh.Config(micro_batch_size=8)
+    cfg = gh.RunConfig(micro_batch_size=8)
     seen = []
 
     def step():
@@ -236,13 +236,13 @@ def test_out_of_memory_halves_the_micro_batch(error, fits_at, calls):
 
 
 def test_out_of_memory_at_the_floor_is_a_clear_error_and_other_errors_pass_through():
-    cfg = gh.Config(micro_batch_size=2)
+    cfg = gh.RunConfig(micro_batch_size=2)
 
     def always():
         raise torch.OutOfMemoryError("CUDA out of memory")
     with pytest.raises(gh.OutOfMemory, match="--max-new-tokens"):
         gh.halve_on_oom(cfg, "micro_batch_size", always)
-    cfg = gh.Config(group_size=4, generation_batch_size=16)
+    cfg = gh.RunConfig(group_size=4, generation_batch_size=16)
     with pytest.raises(gh.OutOfMemory):
         gh.halve_on_oom(cfg, "generation_batch_size", always)
     assert cfg.generation_batch_size == 4                 # never below one whole group
@@ -257,7 +257,7 @@ def test_out_of_memory_in_the_optimizer_step_is_final_not_retried(model_and_toke
     message names what the optimizer holds instead of batch sizes."""
     from test_grpo import _rollout
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=4)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=4)
     rollout = _rollout(model, tok, cfg)
     optimizer = gh.build_optimizer(model.parameters(), lr=1e-3)
     steps, real_step = [], optimizer.step
@@ -283,7 +283,7 @@ def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenize
     micro-batch for the resume, which restarts the step from the last checkpoint."""
     from test_grpo import _rollout
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=4, ppo_epochs=ppo_epochs)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=4, ppo_epochs=ppo_epochs)
     rollout = _rollout(model, tok, cfg)
     optimizer = gh.build_optimizer(model.parameters(), lr=1e-3)
     real, failed = gh.compute_logprobs_from_model, []
@@ -302,35 +302,30 @@ def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenize
 
 def test_out_of_memory_at_the_smallest_batch_mid_run_names_the_checkpoint_and_a_resume_that_works(
         model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch):
-    out, real, calls = tmp_path / "run", gh.UpdateBook, []
+    out, real, calls = tmp_path / "run", gh.UpdateHooks.epochs, []
 
-    def update(*args, **kwargs):                             # each try of step 4 begins with its book
+    def update(*args, **kwargs):                             # each try of step 4 begins with its epochs
         calls.append(1)
         if len(calls) > 1:                                   # step 2 on: every micro-batch size runs out
             raise torch.OutOfMemoryError("CUDA out of memory")
         return real(*args, **kwargs)
-    monkeypatch.setattr(gh, "UpdateBook", update)
+    monkeypatch.setattr(gh.UpdateHooks, "epochs", update)
     assert gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "3")]) == 2
     assert len(calls) == 3                                   # step 1, then --micro-batch-size 3 -> 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "out of memory even at --micro-batch-size 1" in last, last
     assert f"--resume {out} (from checkpoints/step-1)" in last, last
-    monkeypatch.setattr(gh, "UpdateBook", real)         # the resume the line names runs, on a device with room
+    monkeypatch.setattr(gh.UpdateHooks, "epochs", real)   # the resume the line names runs, on a device with room
     assert gh.main(["--resume", str(out)]) == 0
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
 def test_out_of_memory_in_the_optimizer_step_suggests_lora_only_where_every_weight_trains(model_and_tokenizer):
-    import types
     model = copy.deepcopy(model_and_tokenizer[0])
-
-    def out_of_memory():
-        raise torch.OutOfMemoryError("CUDA out of memory")
     for frozen, suggested in ((False, True), (True, False)):      # frozen: as under LoRA, most weights fixed
         model.model.requires_grad_(not frozen)
-        with pytest.raises(gh.UserError) as caught:
-            gh.optimizer_step(model, types.SimpleNamespace(step=out_of_memory))
-        assert ("--lora-rank 16" in str(caught.value)) == suggested and "--dtype bfloat16" in str(caught.value)
+        message = str(gh.optimizer_out_of_memory(model))
+        assert ("--lora-rank 16" in message) == suggested and "--dtype bfloat16" in message
 
 
 @pytest.mark.parametrize("capability, expected", [((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16),
@@ -437,7 +432,7 @@ def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer,
         return original(input_ids=input_ids, **kwargs)
     monkeypatch.setattr(model, "generate", generate)
     dataset = gh.GSM8KDataset("train", tok, dataset_path=str(gsm8k_dir))
-    cfg = gh.Config(eval_batch_size=8, max_new_tokens=3)
+    cfg = gh.RunConfig(eval_batch_size=8, max_new_tokens=3)
     import types
     run = types.SimpleNamespace(cfg=cfg, optimizer=None)          # what Run.retry reads: the run's halving
     hooks = types.SimpleNamespace(retry=lambda knob, fn: gh.Run.retry(run, knob, fn))
@@ -459,10 +454,10 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     def reward(completions, golds, **kwargs):
         return torch.tensor([float(g % 2 == 0 and i % 4 == 0) for i, g in enumerate(golds)])
     updated = []
-    real_book = gh.UpdateBook
+    real_epochs = gh.UpdateHooks.epochs
     monkeypatch.setattr(gh, "compute_reward", reward)
-    monkeypatch.setattr(gh, "UpdateBook", lambda model, opt, rollout, *a, **k: updated.append(
-        rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_book(model, opt, rollout, *a, **k))
+    monkeypatch.setattr(gh.UpdateHooks, "epochs", lambda self, rollout, update: updated.append(
+        rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_epochs(self, rollout, update))
     out = tmp_path / "run"
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--batch-size", str(batch), "--max-steps", "3",
                              "--max-draws", "3", *flags, step_per_batch=False)) == 0

@@ -45,8 +45,8 @@ def test_advantages_match_a_per_group_loop_and_zero_spread_is_exactly_zero():
         expected = [0.0 if std == 0 else (r - mean) / (std + 1e-4) for r in group]
         assert adv[g * 8:(g + 1) * 8].tolist() == pytest.approx(expected, abs=1e-5)
     assert (adv[8:16] == 0).all()
-    with pytest.raises(ValueError):
-        gh.compute_advantages_grpo(torch.ones(6), 4)
+    with pytest.raises(RuntimeError, match=r"shape '\[-1, 4\]' is invalid for input of size 6"):
+        gh.compute_advantages_grpo(torch.ones(6), 4)           # 6 rewards are no groups of 4
 
 
 # ----- reductions and KL -----
@@ -102,16 +102,15 @@ def test_policy_loss_hand_computed():
     assert high.item() == pytest.approx(((-1 - 1.5 - 0.5) / 3 + 2.3) / 2)
 
 
-def test_policy_loss_of_bf16_log_probs_is_computed_in_fp32():
-    """bf16 log-probs (a grader's, or a bf16 model's) give the loss of their values computed in fp32: in bf16 a ratio
-    near 1 moves in steps of 0.008, enough to move tokens across the clip's edges and the loss by ~1e-3."""
-    g = torch.Generator().manual_seed(3)
-    old = (-3 * torch.rand(4, 9, generator=g)).bfloat16()
-    lp = (old.float() + 0.3 * torch.randn(4, 9, generator=g)).bfloat16()
-    adv, mask = torch.randn(4, generator=g), torch.ones(4, 9)
-    loss = gh.compute_policy_loss(lp, old, adv, mask, 0.2)
+def test_a_bf16_models_log_probs_reach_the_loss_in_fp32(model_dir):
+    """TODO 4 widens a bf16 model's logits to fp32 before the log-softmax, so TODO 3's ratios are fp32: in bf16 a ratio
+    near 1 moves in steps of 0.008, enough to move tokens across the clip's edges."""
+    model, tok = gh.load_model_and_tokenizer(str(model_dir), torch.device("cpu"), "bfloat16")
+    batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
+    logprobs = gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"], prompt_length=8)
+    assert logprobs.dtype == torch.float32
+    loss = gh.compute_policy_loss(logprobs, logprobs.detach() + 0.01, torch.ones(2), batch["attention_mask"])
     assert loss.dtype == torch.float32
-    assert loss.item() == pytest.approx(per_token_loop_loss(lp, old, adv, mask), abs=1e-6)
 
 
 def test_float64_stays_float64_through_the_grpo_math_and_gradcheck_passes():
@@ -128,7 +127,7 @@ def test_float64_stays_float64_through_the_grpo_math_and_gradcheck_passes():
     assert torch.autograd.gradcheck(lambda lp: gh.compute_policy_loss(lp, old, adv, mask), (moved,))
     assert torch.autograd.gradcheck(lambda lp: gh.kl_k3(lp, old), (moved,))
     model = MockLM().double()
-    ids, attention, _ = _grouped_left_padded(50)
+    ids, attention, _ = _grouped_left_padded(50, pad=0)
     assert gh.compute_logprobs_from_model(model, ids, attention).dtype == torch.float64
 
 
@@ -252,13 +251,13 @@ def assert_todo4_equals_the_handout(model, ids, mask, prompt_length, temperature
             torch.testing.assert_close(a, b, rtol=1e-4, atol=atol)
 
 
-def _grouped_left_padded(vocab, prompt_length=5, completion=6, seed=0):
-    """Two GRPO groups of 3 rows, each group one prompt; the second group left-padded by 2."""
+def _grouped_left_padded(vocab, prompt_length=5, completion=6, seed=0, pad=2):
+    """Two GRPO groups of 3 rows, each group one prompt; the second group left-padded by `pad`."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.cat([torch.randint(1, vocab, (2, prompt_length), generator=g).repeat_interleave(3, 0),
                      torch.randint(1, vocab, (6, completion), generator=g)], 1)
     mask = torch.ones_like(ids)
-    mask[3:, :2], ids[3:, :2] = 0, 0
+    mask[3:, :pad], ids[3:, :pad] = 0, 0
     return ids, mask, prompt_length
 
 
@@ -346,7 +345,7 @@ def test_logprobs_of_a_grader_mock_returning_only_logits(kind):
     only .logits and transforms them (bias, soft-cap) is scored by its logits, in value and gradient."""
     model = MockLM(bias=kind == "lm-head bias", softcap=5.0 if kind == "soft-cap" else None,
                    kwargs=kind == "ignores extra keywords")
-    ids, mask, prompt_length = _grouped_left_padded(50)
+    ids, mask, prompt_length = _grouped_left_padded(50, pad=0)          # a grader's batch: no left padding
     assert_todo4_equals_the_handout(model, ids, mask, prompt_length)
     # the template's own call: no keywords at all
     lp = gh.compute_logprobs_from_model(model, ids, mask)
@@ -359,7 +358,7 @@ def test_logprobs_of_a_model_that_is_not_a_module(kind):
     its side_effect may take only the template's two arguments): each is called with those two alone."""
     from unittest import mock
     module = MockLM()
-    ids, mask, prompt_length = _grouped_left_padded(50)
+    ids, mask, prompt_length = _grouped_left_padded(50, pad=0)
     logits = module(ids, mask).logits.detach()                                 # [batch, seq, vocab]
     model = {"function": lambda input_ids, attention_mask: MockOutput(logits),
              "MagicMock return_value": mock.MagicMock(return_value=MockOutput(logits)),
@@ -373,17 +372,27 @@ def test_logprobs_of_a_model_that_is_not_a_module(kind):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
-def test_logprobs_ask_the_model_for_the_completions_logits_only(model_and_tokenizer):
-    """logits_to_keep: the LM head runs on the prompt's last position and the completion's, not on the prompt."""
+def test_logprobs_of_the_plain_call_agree_with_the_completions_logits_alone(model_and_tokenizer):
+    """TODO 4 is the Hugging Face call: the LM head runs on every position (it asked for the completion's alone,
+    logits_to_keep, until the homework was made plain). The values agree to rounding: the head's matrix product at
+    another shape rounds its last bits otherwise, which is all that moved the fixed-seed runs (tests/same_run.py)."""
     model, tok = model_and_tokenizer
     batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
+    ids, mask, P = batch["input_ids"], batch["attention_mask"], 10
     seen = []
     hook = model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(out.shape[1]))
     try:
-        gh.compute_logprobs_from_model(model, batch["input_ids"], batch["attention_mask"], prompt_length=10)
+        got = gh.compute_logprobs_from_model(model, ids, mask, prompt_length=P, temperature=0.7)
     finally:
         hook.remove()
-    assert seen == [batch["input_ids"].shape[1] - 10 + 1]
+    assert seen == [ids.shape[1]]
+    keep = ids.shape[1] - P + 1
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=gh.position_ids_from_mask(mask),
+                       logits_to_keep=keep).logits[:, :-1].float() / 0.7
+    want = logits.log_softmax(-1).gather(-1, ids[:, P:, None])[..., 0]
+    torch.testing.assert_close(got[:, P:].detach(), want, rtol=0, atol=1e-6)
+    assert (got[:, :P] == 0).all()
 
 
 @pytest.mark.parametrize("config_class, extra", [
@@ -434,19 +443,21 @@ def test_token_entropy_equals_a_slow_reference_even_at_extremes(logits):
     assert got.tolist() == pytest.approx([reference(row) for row in logits], abs=1e-6)
 
 
-def test_entropy_from_the_logprob_pass_is_the_sampling_distributions(model_and_tokenizer):
-    """Every completion position's entropy of softmax(logits / T), as the full logits give it, without gradient."""
+def test_the_updates_entropy_is_the_sampling_distributions_over_completion_tokens(model_and_tokenizer):
+    """The run's entropy statistic, read from the logits of the update's own forward pass (a forward hook, no second
+    pass): the mean over completion tokens of the entropy of softmax(logits / T) before the step."""
     model, tok = model_and_tokenizer
-    batch = _left_padded_batch(tok, ["Question: what is 3 + 4?\nAnswer:", "Q: 9 - 2?\nA: 7"])
-    ids, mask, P = batch["input_ids"], batch["attention_mask"], 8
-    logprobs, entropy = gh.compute_logprobs_from_model(model, ids, mask, prompt_length=P, temperature=0.7,
-                                                       with_entropy=True)
-    assert logprobs.requires_grad and not entropy.requires_grad and (entropy[:, :P] == 0).all()
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=5, temperature=0.7)
+    rollout = _rollout(model, tok, cfg)
+    P = rollout.prompt_length
     with torch.no_grad():
-        logits = model(**batch, position_ids=gh.position_ids_from_mask(mask)).logits.float() / 0.7
+        logits = model(input_ids=rollout.output_ids, attention_mask=rollout.attention_mask,
+                       position_ids=gh.position_ids_from_mask(rollout.attention_mask)).logits.float() / 0.7
     p = logits.softmax(-1)
-    expected = -(p * p.log()).sum(-1)[:, P - 1:-1]              # position t-1 predicts token t
-    assert torch.allclose(entropy[:, P:], expected, atol=1e-5)
+    entropy = -(p * p.log()).sum(-1)[:, P - 1:-1]                # position t-1 predicts token t
+    expected = entropy[rollout.loss_mask[:, P:]].mean().item()
+    stats = update_once(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, cfg)
+    assert stats["entropy"] == pytest.approx(expected, abs=1e-5)
 
 
 # ----- generation -----
@@ -571,13 +582,13 @@ def _rollout_of(model, tok, cfg, questions, seed=0):
                                      cfg.temperature, cfg.group_size, batch_size=cfg.generation_batch_size)
     rewards = gh.compute_reward(sample["completions"], [1.0] * len(sample["completions"]))
     advantages = torch.randn(rewards.shape)                           # a random model earns no reward
-    return gh.rollout_from(sample, rewards, advantages, cfg.mask_truncated)
+    return gh.Rollout.of(sample, rewards, advantages, cfg.mask_truncated)
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
 def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_tokenizer, loss_agg):
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, kl_coef=0.1)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, kl_coef=0.1)
     rollout = _rollout(model, tok, cfg)
     ref = gh.build_tiny_model(tok, seed=5, hidden=32)
     start = [p.detach().clone() for p in model.parameters()]
@@ -595,7 +606,7 @@ def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_token
 @pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
 def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model_and_tokenizer, loss_agg):
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, micro_batch_size=5)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, micro_batch_size=5)
     rollout = _rollout(model, tok, cfg)
     rollout.advantages[4:8] = 0.0                                      # one group whose rewards were all equal
     start = [p.detach().clone() for p in model.parameters()]
@@ -630,7 +641,7 @@ def test_a_step_without_signal_runs_no_pass_and_moves_neither_weights_nor_optimi
     """No group with reward spread: no forward or backward, and no optimizer step (AdamW would replay its momentum
     into the weights); the stats say the step was skipped for that."""
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=5)
     signal = _rollout(model, tok, cfg)
     silent = _rollout(model, tok, cfg, seed=1)
     silent.advantages.zero_()
@@ -653,7 +664,7 @@ def test_a_step_without_signal_runs_no_pass_and_moves_neither_weights_nor_optimi
 def test_policy_kl_is_the_kl_from_the_policy_before_the_step_to_after_on_the_first_micro_batch(model_and_tokenizer):
     """With one PPO epoch the ratio is 1, so clipfrac and approx_kl are 0 by construction; policy_kl is not."""
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=5)
     rollout = _rollout(model, tok, cfg)                            # random advantages: every row has signal
     rows = slice(0, 5)
     logprobs = lambda: gh.compute_logprobs_from_model(model, rollout.output_ids[rows], rollout.attention_mask[rows],
@@ -670,7 +681,7 @@ def test_policy_kl_is_the_kl_from_the_policy_before_the_step_to_after_on_the_fir
 def test_merged_rollouts_of_prompts_of_different_lengths_score_as_the_originals(model_and_tokenizer):
     """--min-signal-groups joins batches whose prompts differ in length: re-padding must not change a log-prob."""
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=2, max_new_tokens=5)
+    cfg = gh.RunConfig(group_size=2, max_new_tokens=5)
     short, long = (_rollout_of(model, tok, cfg, questions, seed) for questions, seed in
                    ((["Q: 1?"], 0), (["Q: a much longer question?", "Q: x"], 1)))
     merged = gh.merge_rollouts([short, long], tok.pad_token_id)
@@ -702,7 +713,7 @@ def test_groups_with_signal_keeps_groups_whose_rewards_differ_first_then_makes_u
 
 def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epochs(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=5)
     rollout = _rollout(model, tok, cfg)
     stats = update_once(model, torch.optim.SGD(model.parameters(), lr=0.5), rollout, cfg)
     assert stats["clipfrac"] == 0.0 and stats["approx_kl"] == 0.0 and stats["skipped"] == 0
@@ -713,7 +724,7 @@ def test_first_ratio_is_exactly_one_and_old_logprobs_are_reused_across_ppo_epoch
 
 def test_truncated_completions_are_counted_and_can_be_masked(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=2)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=2)
     kept = _rollout(model, tok, cfg)
     masked = _rollout(model, tok, dataclasses.replace(cfg, mask_truncated=True))
     assert kept.truncated.any()
@@ -722,7 +733,7 @@ def test_truncated_completions_are_counted_and_can_be_masked(model_and_tokenizer
 
 def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=4, loss_agg="token-mean", mask_truncated=True)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=4, loss_agg="token-mean", mask_truncated=True)
     rollout = _rollout(model, tok, cfg)
     rollout.loss_mask[:] = False                          # as if every completion had been cut and masked
     before = [p.detach().clone() for p in model.parameters()]
@@ -736,7 +747,7 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
     """--mask-truncated: a cut row's gradient is exactly 0 whatever its advantage, so the update runs no pass over
     it and ends where running every row would have put it."""
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5, loss_agg=loss_agg, max_grad_norm=1e9)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=5, loss_agg=loss_agg, max_grad_norm=1e9)
     rollout = _rollout(model, tok, cfg)
     rollout.loss_mask[::3] = False                        # 4 of the 12 rows, as if cut and masked
     start = [p.detach().clone() for p in model.parameters()]
@@ -756,7 +767,14 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
         return sum(rows_seen), [p.detach().clone() for p in model.parameters()]
 
     rows_run, ours = update()
-    monkeypatch.setattr(gh, "rows_with_signal", lambda rollout, cfg: rollout)        # every row runs
+
+    def every_row(rollout, cfg):                  # micro_batches less its filter: every row runs, at its share
+        rows_all, tokens = len(rollout.completions), rollout.loss_mask.sum().item()
+        for start in range(0, rows_all, cfg.micro_batch_size):
+            rows = torch.arange(start, min(start + cfg.micro_batch_size, rows_all))
+            yield rows, rollout.output_ids.shape[1], rollout.loss_mask[rows].sum().item() / tokens \
+                if cfg.loss_agg == "token-mean" else len(rows) / rows_all
+    monkeypatch.setattr(gh, "micro_batches", every_row)
     rows_every, reference = update()
     assert (rows_run, rows_every) == (8, 12)
     assert any(not torch.equal(p, s) for p, s in zip(ours, start))
@@ -765,7 +783,7 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
 
 def test_non_finite_update_is_skipped(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=4)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=4)
     rollout = _rollout(model, tok, cfg)
     rollout.advantages[0] = float("nan")
     before = [p.detach().clone() for p in model.parameters()]

@@ -852,7 +852,7 @@ def test_evaluation_leaves_the_global_random_stream_where_it_was(model_and_token
     data = gh.GSM8KDataset("test", tok, dataset_path=str(gsm8k_dir))
     torch.manual_seed(7)
     state = torch.get_rng_state()
-    gh.evaluate(model, tok, data, gh.Config(max_new_tokens=3, eval_batch_size=2), torch.device("cpu"))
+    gh.evaluate(model, tok, data, gh.RunConfig(max_new_tokens=3, eval_batch_size=2), torch.device("cpu"))
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -1487,9 +1487,14 @@ def test_the_templates_loading_drops_a_row_without_a_gold_and_names_it(tmp_path,
     assert "dropped row(s) [3]" in capsys.readouterr().err
 
 
-def test_train_grpo_refuses_a_kl_penalty_without_its_reference():
+def test_a_kl_penalty_without_its_reference_is_refused_not_dropped():
+    """The plain loop has no KL penalty to drop: its Config refuses the setting. The run's update hooks, which add
+    the penalty, refuse a coefficient without the reference model it is measured against."""
+    with pytest.raises(TypeError, match="kl_coef"):
+        gh.Config(kl_coef=10.0)
     with pytest.raises(ValueError, match="kl_coef > 0 needs the reference model"):
-        gh.train_grpo(None, None, [], None, "cpu", cfg=gh.Config(kl_coef=10.0, group_size=4, max_new_tokens=256))
+        gh.UpdateHooks(gh.RunConfig(kl_coef=10.0), None)
+    assert gh.UpdateHooks(gh.RunConfig(kl_coef=10.0), None, ref_model=torch.nn.Linear(1, 1)).ref_model is not None
 
 
 def test_no_optimizer_step_is_taken_on_a_zero_gradient(model_and_tokenizer):
@@ -1498,7 +1503,7 @@ def test_no_optimizer_step_is_taken_on_a_zero_gradient(model_and_tokenizer):
     from conftest import update_once
     from test_grpo import _rollout
     model, tok = model_and_tokenizer
-    cfg = gh.Config(group_size=4, max_new_tokens=6, micro_batch_size=5, kl_coef=0.5)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=5, kl_coef=0.5)
     rollout = _rollout(model, tok, cfg)
     rollout.advantages.zero_()
     optimizer = gh.build_optimizer(model.parameters(), lr=1e-2)
