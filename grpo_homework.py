@@ -126,12 +126,12 @@ class GSM8KDataset(Dataset):
 
 
 def collate_prompts(batch: list[dict], tokenizer) -> dict:
-    """Left-pad prompts so every row's completion starts at the same column, as generation requires."""
+    """Items as one batch under their own keys; prompts left-padded so that every row's completion starts at the same
+    column, as generation requires."""
     padded = tokenizer.pad({"input_ids": [b["input_ids"].tolist() for b in batch],
                             "attention_mask": [b["attention_mask"].tolist() for b in batch]},
                            padding_side="left", return_tensors="pt")
-    return {**padded, "prompts": [b["prompt"] for b in batch], "questions": [b["question"] for b in batch],
-            "answers": [b["answer"] for b in batch]}
+    return {**padded, **{key: [b[key] for b in batch] for key in ("prompt", "question", "answer")}}
 
 
 # ===== Part 2: reward ==============================================================================================
@@ -437,7 +437,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                       batch["attention_mask"].to(device), cfg.max_new_tokens, cfg.temperature,
                                       cfg.group_size, **hooks.generation)
         # 2. Reward each completion: 1 if its final number is its problem's gold answer
-        rewards = compute_reward(sample["completions"], [a for a in batch["answers"] for _ in range(cfg.group_size)],
+        rewards = compute_reward(sample["completions"], [a for a in batch["answer"] for _ in range(cfg.group_size)],
                                  format_reward=cfg.format_reward, strict_answer=cfg.strict_answer)
         # 3. Advantages: each reward against its group's mean (and std)
         return Rollout.of(sample, rewards, compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=(
@@ -462,7 +462,7 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
         out = (hooks or Hooks()).retry("eval_batch_size", lambda: generate_completions(  # a run's halving splits it
             model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
             cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
-        for question, gold, completion, tokens, cut in zip(batch["questions"], batch["answers"], out["completions"],
+        for question, gold, completion, tokens, cut in zip(batch["question"], batch["answer"], out["completions"],
                                                            out["completion_lengths"].tolist(), out["truncated"]):
             records.append({"question": question, "gold": gold, "completion": completion, "tokens": tokens,
                             "truncated": bool(cut), "extracted": extract_answer_from_completion(completion),
@@ -505,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import gc
 import hashlib
@@ -549,6 +550,8 @@ class RunConfig(Config):
     lr_decay: bool = _flag(False, "after the warm-up, decay linearly to 0 at the last step (--max-steps or data end)")
     weight_decay: float = _flag(0.0, "AdamW decoupled weight decay")
     gradient_checkpointing: str = _flag("auto", "recompute activations (auto: on CUDA)", choices=["auto", "on", "off"])
+    compile_generation: str = _flag("auto", "generate with a static KV cache compiled by torch.compile (auto: on CUDA)",
+                                    choices=["auto", "on", "off"])
     dtype: str = _flag("auto", "weights (auto: bf16 where native)", choices=["auto", "bfloat16", "float32"])
     # run
     seed: int = _flag(0, "seed for data order, sampling and the demo")
@@ -657,10 +660,11 @@ def validate_config(cfg: RunConfig) -> None:
 # Greedy scoring draws nothing at random and prints no examples: --seed and --show-examples are refused there too.
 EVAL_ONLY_FLAGS = {"model_path", "eval_only", "task", "dataset", "eval_size", "eval_start", "val_size", "eval_split",
                    "prompt_style", "max_prompt_length", "max_new_tokens", "eval_batch_size", "device", "dtype",
-                   "output_dir"}
+                   "output_dir", "compile_generation"}
 # Flags a resumed run may change: how it runs, not what it learns (else one record would describe two trainings).
 RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints", "plot_every", "show_examples",
-                     "device", "generation_batch_size", "micro_batch_size", "eval_batch_size", "gradient_checkpointing"}
+                     "device", "generation_batch_size", "micro_batch_size", "eval_batch_size", "gradient_checkpointing",
+                     "compile_generation"}
 
 
 def saved_config(run_dir: Path) -> RunConfig:
@@ -837,6 +841,9 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
         load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False)
     if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda"):
         enable_checkpointing(model)
+    if cfg.compile_generation == "on" or (cfg.compile_generation == "auto" and device.type == "cuda"):
+        model.generate = CompiledGeneration(model, lambda: (cfg.generation_batch_size, cfg.eval_batch_size),
+                                            everywhere=device.type != "cuda")
     model.config.use_cache = False  # the update's forward passes keep no KV cache; generate() asks for its own
     check_kv_cache_fits(cfg, model, device)
 
@@ -1103,6 +1110,44 @@ def position_ids_from_mask(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+class CompiledGeneration:
+    """model.generate with a static KV cache whose decoding step torch.compile compiles (transformers' own path),
+    its shapes held fixed so that a run compiles a few times, not every step: prompts left-padded to a multiple of
+    `width` columns, a call's rows padded to the next of `sizes()` (the run's generation and evaluation batch sizes)
+    with copies of its last row; both cut off again. A failure to compile falls back to the dynamic cache, with one
+    line. `everywhere`: compile on a CPU too (transformers compiles on accelerators only)."""
+
+    def __init__(self, model, sizes: Callable[[], tuple], width: int = 128, everywhere: bool = False,
+                 compile_config=None):
+        from transformers import CompileConfig
+        self.plain, self.sizes, self.width, self.failed = model.generate, sizes, width, False
+        self.compile_config = compile_config or CompileConfig()
+        self.compile_config._compile_all_devices = everywhere or self.compile_config._compile_all_devices
+
+    def __call__(self, *, input_ids, attention_mask, generation_config, **kwargs):
+        if self.failed or kwargs:           # kwargs: a cache of the caller's own (prefill_once)
+            return self.plain(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                              **kwargs)
+        rows, width = input_ids.shape
+        extra_rows = min([s for s in self.sizes() if s >= rows] or [rows]) - rows
+        extra_cols = -width % self.width
+        pad = lambda t, value: torch.cat([F.pad(t, (extra_cols, 0), value=value)] +
+                                         [F.pad(t[-1:], (extra_cols, 0), value=value).expand(extra_rows, -1)])
+        config = copy.deepcopy(generation_config)
+        config.cache_implementation, config.compile_config = "static", self.compile_config
+        try:
+            out = self.plain(input_ids=pad(input_ids, generation_config.pad_token_id), attention_mask=pad(
+                attention_mask, 0), generation_config=config)
+        except Exception as e:
+            if is_out_of_memory(e) or isinstance(e, KeyboardInterrupt):
+                raise
+            self.failed = True
+            print(f"warning: compiled generation failed ({first_line(e)}); generating with the dynamic KV cache from "
+                  f"here on (--compile-generation off skips the attempt)", file=sys.stderr)
+            return self.plain(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config)
+        return out[:rows, extra_cols:]
+
+
 def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
     """A run's `prefill`: the KV cache of every prompt token but the last, once a prompt, repeated for its samples."""
     import inspect
@@ -1289,7 +1334,8 @@ class Run(UpdateHooks):
 
     @property
     def generation(self) -> dict:       # read at each call: out-of-memory halves the batch size
-        return {"batch_size": self.cfg.generation_batch_size, "prefill": prefill_once}
+        compiled = isinstance(self.model.generate, CompiledGeneration) and not self.model.generate.failed
+        return {"batch_size": self.cfg.generation_batch_size, "prefill": None if compiled else prefill_once}
 
     def retry(self, knob: str, fn: Callable):       # after a Ctrl-C Python dropped; on OOM, cfg.<knob> halved
         check_ctrl_c()

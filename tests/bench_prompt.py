@@ -95,7 +95,7 @@ def main() -> None:
                 "truncated": rollout.truncated.float().mean().item(),
                 "mean_tokens": rollout.completion_lengths.float().mean().item(),
                 "seconds_per_sample": (time.perf_counter() - t0) / len(rollout.completions),
-                "completions": rollout.completions, "rewards": rollout.rewards.tolist(), "golds": batch["answers"]}
+                "completions": rollout.completions, "rewards": rollout.rewards.tolist(), "golds": batch["answer"]}
             Path(args.out).write_text(json.dumps(results, indent=1))
     print_tables(results)
 

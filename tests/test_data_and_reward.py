@@ -114,7 +114,7 @@ def test_training_rewards_with_the_runs_strict_answer_flag(model_and_tokenizer, 
     model, tokenizer = model_and_tokenizer
     seen = sampled_and_updated(monkeypatch, ["#### 5", "The answer is 5."])
     batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
-             "answers": [5.0]}
+             "answer": [5.0]}
     for strict, rewards in ((False, [1.0, 1.0]), (True, [1.0, 0.0])):
         cfg = gh.Config(group_size=2, strict_answer=strict)
         gh.train_grpo(model, tokenizer, [batch], torch.optim.SGD(model.parameters(), lr=0.0), "cpu", group_size=2,
@@ -129,7 +129,7 @@ def test_train_grpo_called_with_the_templates_arguments_takes_a_step_per_batch(m
     model, tokenizer = model_and_tokenizer
     seen = sampled_and_updated(monkeypatch, ["#### 5", "#### 5"])
     batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
-             "answers": [5.0]}
+             "answer": [5.0]}
     history = gh.train_grpo(model, tokenizer, [batch] * 3, torch.optim.SGD(model.parameters(), lr=0.0), "cpu",
                             1, 2, 0.2, 4)
     assert [(h["step"], h["reward_mean"]) for h in history] == [(s, 1.0) for s in (1, 2, 3)]
@@ -197,7 +197,7 @@ def test_collate_left_pads_with_the_tokenizer(gsm8k_dir, tokenizer):
     assert batch["attention_mask"][0].tolist() == [0] * pad + [1] * len(short["input_ids"])
     assert batch["input_ids"][0, pad:].tolist() == short["input_ids"].tolist()
     assert batch["input_ids"][0, :pad].tolist() == [tokenizer.pad_token_id] * pad
-    assert batch["answers"] == [short["answer"], long["answer"]]
+    assert batch["answer"] == [short["answer"], long["answer"]]
 
 
 @pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason="the real GSM8K copy in ../shared/gsm8k is absent")
@@ -261,3 +261,18 @@ def test_generated_tasks_do_not_read_gsm8k_unless_told(argv, dataset):
     assert cfg.dataset == dataset
 
 
+
+
+def test_train_grpo_takes_a_batch_under_the_items_own_keys_from_either_collate(model_and_tokenizer, monkeypatch,
+                                                                              gsm8k_dir):
+    """collate_prompts keeps the items' keys ("answer"), so a loader of torch's default_collate (batch size 1: one
+    prompt needs no padding) gives train_grpo the same batch: the same golds, the same rewards."""
+    model, tokenizer = model_and_tokenizer
+    data = gh.GSM8KDataset("train[:2]", tokenizer, dataset_path=str(gsm8k_dir))
+    rewards = []
+    for collate in (lambda b: gh.collate_prompts(b, tokenizer), torch.utils.data.default_collate):
+        seen = sampled_and_updated(monkeypatch, ["#### 7", "#### 8"])
+        loader = torch.utils.data.DataLoader(data, batch_size=1, collate_fn=collate)
+        gh.train_grpo(model, tokenizer, loader, torch.optim.SGD(model.parameters(), lr=0.0), "cpu", 1, 2, 0.2, 4)
+        rewards.append([r.rewards.tolist() for r in seen])
+    assert rewards[0] == rewards[1] == [[1.0, 0.0], [0.0, 0.0]]          # golds 7 and 60
