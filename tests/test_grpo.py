@@ -2,6 +2,7 @@
 slow per-row reference loops, and the failure modes public GRPO code is known for."""
 import copy
 import dataclasses
+import json
 import math
 
 import pytest
@@ -910,3 +911,73 @@ def test_flips_counts_the_paired_changes_and_their_two_sided_sign_test(gained, l
     got = gh.flips(before, after)
     assert (got["gained"], got["lost"]) == (gained, lost)
     assert got["sign_test_p"] == pytest.approx(p, rel=2e-3, abs=0)
+
+
+# ----- compiled generation (#95): a static KV cache compiled with torch.compile, the CUDA default -----
+
+def counting_compile(compiles: list):
+    """transformers' CompileConfig with a backend that counts the graphs torch.compile hands it (no inductor)."""
+    from transformers import CompileConfig
+
+    def backend(graph, example_inputs):
+        compiles.append(len(example_inputs))
+        return graph.forward
+    return CompileConfig(backend=backend, mode=None)
+
+
+def test_compiled_generation_compiles_per_shape_not_per_step_and_matches_the_dynamic_cache(model_and_tokenizer):
+    """A run's prompt widths change every step and its last batches are short: widths within a 16-column bucket
+    and short batches padded to a configured size share graphs, so compilations stop growing after the first
+    shapes; greedy tokens equal today's path (fp32)."""
+    model, tok = model_and_tokenizer
+    compiles = []
+    compiled = gh.CompiledGeneration(model, lambda: (8, 4), width=16, everywhere=True,
+                                     compile_config=counting_compile(compiles))
+    plain, counts = model.generate, []
+    for prompts, width in [(2, 5), (2, 9), (1, 7), (2, 13), (2, 6), (1, 11), (2, 16), (2, 8)]:   # 8 "steps"
+        ids = torch.randint(3, 60, (prompts, width), generator=torch.Generator().manual_seed(width))
+        mask = torch.ones_like(ids)
+        mask[-1, :width // 3] = 0                                                 # a left-padded row
+        outs = []
+        for generate in (plain, compiled):
+            model.generate = generate
+            outs.append(gh.generate_completions(model, tok, ids, mask, 6, 0.0, 4, batch_size=8)["output_ids"])
+        model.generate = plain
+        assert torch.equal(*outs), (prompts, width)
+        counts.append(len(compiles))
+    assert not compiled.failed and counts[2] > 0
+    assert counts[-1] == counts[2], counts          # 8 and 4 rows, one width bucket: nothing new after step 3
+
+
+def test_compiled_generation_that_fails_falls_back_to_the_dynamic_cache_in_one_line(model_and_tokenizer, capsys):
+    from transformers import CompileConfig
+    model, tok = model_and_tokenizer
+
+    def broken(graph, example_inputs):
+        raise RuntimeError("no compiler here")
+    ids, mask = torch.randint(3, 60, (2, 7)), torch.ones(2, 7, dtype=torch.long)
+    want = gh.generate_completions(model, tok, ids, mask, 5, 0.0, 2, batch_size=4)["output_ids"]
+    model.generate = gh.CompiledGeneration(model, lambda: (4,), everywhere=True,
+                                           compile_config=CompileConfig(backend=broken, mode=None))
+    got = gh.generate_completions(model, tok, ids, mask, 5, 0.0, 2, batch_size=4)["output_ids"]
+    assert model.generate.failed and torch.equal(got, want)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: compiled generation failed (") and "dynamic" in err[0]
+    gh.generate_completions(model, tok, ids, mask, 5, 0.0, 2, batch_size=4)
+    assert capsys.readouterr().err == ""                     # said once
+
+
+def test_compile_generation_on_trains_through_the_cli_without_the_shared_prefill(model_dir, gsm8k_dir, tmp_path,
+                                                                                monkeypatch):
+    """--compile-generation on (on CPU here; auto turns it on with CUDA): generation and evaluation run through
+    CompiledGeneration, the prompt's shared prefill steps aside (the static cache is the compiled graph's)."""
+    import transformers
+    from test_cli import tiny_args
+    compiles, real, prefills = [], gh.prefill_once, []
+    config = counting_compile(compiles)
+    monkeypatch.setattr(transformers, "CompileConfig", lambda: config)
+    monkeypatch.setattr(gh, "prefill_once", lambda *a: prefills.append(1) or real(*a))
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "2", "--compile-generation", "on")) == 0
+    assert compiles and not prefills
+    assert json.loads((out / "config.json").read_text())["config"]["compile_generation"] == "on"
