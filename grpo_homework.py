@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it the algorithm,
 # in the order a run meets it: command line, set-up, a step filled with signal, run folder and resume (Run: the
-# LoopHooks train_grpo is given), records, plots, devices, tasks, demo. Parts 1-4 use nothing below; Part 5 calls it.
+# Hooks train_grpo is given), records, plots, devices, tasks, demo. Parts 1-4 use nothing below; Part 5 calls it.
 # ---------------------------------------------------------------------------------------------------------------
 
 import argparse
@@ -516,9 +516,6 @@ import random
 import shutil
 import time
 import warnings
-from dataclasses import KW_ONLY
-
-from torch.utils.data import DistributedSampler
 
 
 # ----- The run's settings, command line and validation -----
@@ -656,8 +653,7 @@ def validate_config(cfg: RunConfig) -> None:
                                                               "(GSM8K in hub layout, or a hub id)")
 
 
-# What --eval-only reads: every other flag sets how training would go, and is refused there.
-# Greedy scoring draws nothing at random and prints no examples: --seed and --show-examples are refused there too.
+# What --eval-only reads (greedy: no --seed; no examples printed); every other flag is refused there.
 EVAL_ONLY_FLAGS = {"model_path", "eval_only", "task", "dataset", "eval_size", "eval_start", "val_size", "eval_split",
                    "prompt_style", "max_prompt_length", "max_new_tokens", "eval_batch_size", "device", "dtype",
                    "output_dir", "compile_generation"}
@@ -807,11 +803,8 @@ def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
                            ("the final evaluation and save", finish_run))):
             do(run)
         return run.summary
-    except UserError:
-        raise
     except (KeyboardInterrupt, Exception) as e:      # a full disk in safetensors, NaN sampling, ...: one line
-        raise failure_message(e, phase, cfg, run_dir, resume) from None
-
+        raise e if isinstance(e, UserError) else failure_message(e, phase, cfg, run_dir, resume) from None
 
 
 def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
@@ -867,7 +860,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
         raise UserError(f"{len(train_set)} train problems, fewer than --batch-size {cfg.batch_size}")
     # A shuffle that depends only on (seed, epoch): a resumed run sees the same data; the loader's own generator
     # keeps it off the sampling stream, which a resumed run must continue exactly.
-    sampler = DistributedSampler(train_set, 1, 0, seed=cfg.seed, drop_last=True)
+    sampler = torch.utils.data.DistributedSampler(train_set, 1, 0, seed=cfg.seed, drop_last=True)
     loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator(),
                         collate_fn=lambda b: collate_prompts(b, tokenizer))
 
@@ -1105,17 +1098,11 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     folder.rmdir()
 
 
-def position_ids_from_mask(attention_mask):
-    """Positions as generate() numbers them, pads at 0: a left-padded row scores as unpadded."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 class CompiledGeneration:
-    """model.generate with a static KV cache whose decoding step torch.compile compiles (transformers' own path),
-    its shapes held fixed so that a run compiles a few times, not every step: prompts left-padded to a multiple of
-    `width` columns, a call's rows padded to the next of `sizes()` (the run's generation and evaluation batch sizes)
-    with copies of its last row; both cut off again. A failure to compile falls back to the dynamic cache, with one
-    line. `everywhere`: compile on a CPU too (transformers compiles on accelerators only)."""
+    """model.generate with transformers' static KV cache, its decoding step compiled by torch.compile, shapes held
+    fixed so that a run compiles a few times, not every step: prompts left-padded to a multiple of `width`, rows to
+    the next of `sizes()` (copies of the last row), both cut off again. A failure to compile: one line, and the
+    dynamic cache from then on. `everywhere`: compile on a CPU too (transformers compiles on accelerators only)."""
 
     def __init__(self, model, sizes: Callable[[], tuple], width: int = 128, everywhere: bool = False,
                  compile_config=None):
@@ -1125,12 +1112,12 @@ class CompiledGeneration:
         self.compile_config._compile_all_devices = everywhere or self.compile_config._compile_all_devices
 
     def __call__(self, *, input_ids, attention_mask, generation_config, **kwargs):
+        dynamic = lambda: self.plain(input_ids=input_ids, attention_mask=attention_mask,
+                                     generation_config=generation_config, **kwargs)
         if self.failed or kwargs:           # kwargs: a cache of the caller's own (prefill_once)
-            return self.plain(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                              **kwargs)
-        rows, width = input_ids.shape
+            return dynamic()
+        rows, extra_cols = len(input_ids), -input_ids.shape[1] % self.width
         extra_rows = min([s for s in self.sizes() if s >= rows] or [rows]) - rows
-        extra_cols = -width % self.width
         pad = lambda t, value: torch.cat([F.pad(t, (extra_cols, 0), value=value)] +
                                          [F.pad(t[-1:], (extra_cols, 0), value=value).expand(extra_rows, -1)])
         config = copy.deepcopy(generation_config)
@@ -1139,12 +1126,12 @@ class CompiledGeneration:
             out = self.plain(input_ids=pad(input_ids, generation_config.pad_token_id), attention_mask=pad(
                 attention_mask, 0), generation_config=config)
         except Exception as e:
-            if is_out_of_memory(e) or isinstance(e, KeyboardInterrupt):
+            if is_out_of_memory(e):
                 raise
             self.failed = True
             print(f"warning: compiled generation failed ({first_line(e)}); generating with the dynamic KV cache from "
                   f"here on (--compile-generation off skips the attempt)", file=sys.stderr)
-            return self.plain(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config)
+            return dynamic()
         return out[:rows, extra_cols:]
 
 
@@ -1154,7 +1141,7 @@ def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
     from transformers import DynamicCache
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     cache = DynamicCache(config=model.config)
-    positions = position_ids_from_mask(attention_mask)                   # [prompts, prompt]
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)      # [prompts, prompt] as generate() counts
     model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1],
           use_cache=True, logits_to_keep=1, **{name: cache})
     cache.batch_repeat_interleave(num_samples)
@@ -1162,17 +1149,6 @@ def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
 
 
 @torch.no_grad()
-@contextlib.contextmanager
-def inference_mode(model):
-    """Eval mode, no gradient: HF turns the KV cache off in training mode when checkpointing is on."""
-    was_training, _ = model.training, model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
 def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=None) -> dict:
     """TODO 3's statistics: the share of tokens whose ratio is past the clip, and approx_kl (k3 of KL(old || new))."""
     mask = loss_mask.bool()
@@ -1185,12 +1161,7 @@ def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=No
 
 def masked_token_mean(tensor, mask):
     """Sum over masked entries / number of masked entries."""
-    mask = mask.bool()
-    return torch.where(mask, tensor, 0.0).sum() / mask.sum().clamp(min=1)
-
-
-def is_well_formed_gsm8k(completion: str) -> bool:
-    return final_line_answer(completion) is not None
+    return torch.where(mask.bool(), tensor, 0.0).sum() / mask.bool().sum().clamp(min=1)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -1200,27 +1171,27 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks, out: torch.Tensor | None = None) -> torch.Tensor:
-    """[rows, seq] log-probs without gradient of the micro-batches `chunks` (micro_batches'), the rest 0."""
-    out = torch.zeros(rollout.output_ids.shape, dtype=torch.float32, device=rollout.output_ids.device) \
-        if out is None else out
-    with inference_mode(model):
-        for rows, columns, _ in chunks:
-            rows = rows.to(out.device)
-            out[rows, :columns] = compute_logprobs_from_model(
-                model, rollout.output_ids[rows, :columns], rollout.attention_mask[rows, :columns],
-                temperature=cfg.temperature, prompt_length=rollout.prompt_length)
+    """[rows, seq] log-probs without gradient of the micro-batches `chunks` (micro_batches'), into `out`; the rest 0."""
+    out = torch.zeros(rollout.output_ids.shape, device=rollout.output_ids.device) if out is None else out
+    was_training, _ = model.training, model.eval()        # no checkpointing of activations nothing backpropagates
+    try:
+        with torch.no_grad():
+            for rows, columns, _ in chunks:
+                out[rows, :columns] = compute_logprobs_from_model(
+                    model, rollout.output_ids[rows, :columns], rollout.attention_mask[rows, :columns],
+                    temperature=cfg.temperature, prompt_length=rollout.prompt_length)
+    finally:
+        model.train(was_training)
     return out
 
 
 @dataclass(eq=False)
 class UpdateHooks(Hooks):
-    """Step 4 as a run takes it (train_grpo's update through these hooks): PPO epochs on one rollout with its old
-    log-probs computed once before them, the KL penalty to the reference, the update's statistics, and micro-batches
-    halved on out-of-memory. Run adds the rest of a run; tests and benchmarks use these alone."""
+    """Step 4 as a run takes it: PPO epochs with old log-probs computed once, the KL penalty to a reference, the
+    update's statistics, micro-batches halved on out-of-memory. Run adds the rest; tests and benchmarks use these."""
     cfg: Any
     optimizer: Any
     ref_model: Any = None          # the KL penalty's reference, the starting model (--kl-coef)
-    _: KW_ONLY
     model: Any = None
 
     def __post_init__(self):           # refused, not dropped: the penalty would be 0 in silence
@@ -1258,16 +1229,14 @@ class UpdateHooks(Hooks):
                     if is_out_of_memory(e) and getattr(self.optimizer, "updates_begun", 0) != begun:
                         raise optimizer_out_of_memory(model) from None
                     raise
-                if not (0 < result["grad_norm"] < math.inf and math.isfinite(result["loss"])):
-                    self.stats["skipped"] += 1            # no step: a zero gradient, or one not finite
-                    if not (math.isfinite(result["loss"]) and math.isfinite(result["grad_norm"])):
-                        print(f"warning: skipped an update with loss {result['loss']} and grad norm "
-                              f"{result['grad_norm']}", file=sys.stderr)
+                self.stats["skipped"] += not 0 < result["grad_norm"] < math.inf or not math.isfinite(result["loss"])
+                if not (math.isfinite(result["loss"]) and math.isfinite(result["grad_norm"])):   # no step was taken
+                    print(f"warning: skipped an update with loss {result['loss']} and grad norm {result['grad_norm']}",
+                          file=sys.stderr)
                 self.stats["loss"] += result["loss"] / cfg.ppo_epochs
                 self.stats["grad_norm"] += result["grad_norm"] / cfg.ppo_epochs
         finally:
             capture.remove()
-            self.logits = None
         if self.chunks:           # KL(before || after) on the first micro-batch's tokens
             rows, columns, _ = self.chunks[0]
             after = rollout_logprobs(model, rollout, cfg, self.chunks[:1])[rows.to(rollout.output_ids.device), :columns]
@@ -1315,8 +1284,7 @@ class Run(UpdateHooks):
     updates_at_record: int = 0        # optimizer updates begun by then: more since means the weights are mid-step
     saved_step: int | None = None     # the step of the newest checkpoint on disk
     metrics_file: Any = None          # metrics.jsonl, open while training
-
-    done: int = 0                       # steps taken
+    done: int = 0                     # steps taken
 
     def rollouts(self, loader, num_epochs: int, sample_and_score):
         """From where the run stands, each step drawing batches until enough groups' rewards differ (DAPO)."""
@@ -1332,10 +1300,8 @@ class Run(UpdateHooks):
                 self.sampled = merge_rollouts(drawn, self.tokenizer.pad_token_id or 0)
                 yield groups_with_signal(self.sampled, cfg) if cfg.signal_groups else self.sampled
 
-    @property
-    def generation(self) -> dict:       # read at each call: out-of-memory halves the batch size
-        compiled = isinstance(self.model.generate, CompiledGeneration) and not self.model.generate.failed
-        return {"batch_size": self.cfg.generation_batch_size, "prefill": None if compiled else prefill_once}
+    generation = property(lambda self: {"batch_size": self.cfg.generation_batch_size, "prefill": None if isinstance(
+        self.model.generate, CompiledGeneration) and not self.model.generate.failed else prefill_once})   # read anew
 
     def retry(self, knob: str, fn: Callable):       # after a Ctrl-C Python dropped; on OOM, cfg.<knob> halved
         check_ctrl_c()
@@ -2045,8 +2011,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def optimizer_out_of_memory(model) -> "UserError":
-    """Out of memory in optimizer.step() is final (a retried step would update moments and weights twice): what the
-    optimizer holds, and what would make it fit."""
+    """Out of memory in optimizer.step(), final (a retry would step twice): what it holds, what would make it fit."""
     trained = [p for p in model.parameters() if p.requires_grad]
     gib = lambda params, size=0: sum(p.numel() * (size or p.element_size()) for p in params) / 2**30
     lora = "--lora-rank 16 (adapters only), " if len(trained) == len(list(model.parameters())) else ""
@@ -2270,8 +2235,7 @@ class Task:
 
 
 class TaskDataset(GSM8KDataset):
-    """GSM8KDataset over a run's task: its problems (a --dataset folder or hub id, or generated), checked and
-    numbered by their rows in the split (checked_problems), in its prompt."""
+    """GSM8KDataset over a run's task: its problems (--dataset, or generated), checked, numbered, in its prompt."""
 
     def __init__(self, split, tokenizer, max_length, *, dataset_path: str, prompt_style: str, task: Task):
         self.questions, self.answers, self.rows = task.problems(dataset_path, split)
@@ -2365,7 +2329,7 @@ def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, 
         for row, t in enumerate(target_ids):           # learn the answer only, not the question
             labels[row, : labels.shape[1] - len(t)] = -100
         model.train()
-        loss = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"]), labels=labels).loss
+        loss = model(**batch, position_ids=(batch["attention_mask"].cumsum(-1) - 1).clamp(min=0), labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

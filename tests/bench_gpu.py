@@ -35,6 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
 from conftest import update_once  # noqa: E402  (train_grpo's step 4 on a rollout made here)
 
+
+def no_grad_eval(model):
+    """Eval mode and no gradient, as the run scores and generates."""
+    model.eval()
+    return torch.no_grad()
+
+
 QWEN25_15B = dict(vocab_size=151_936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6,
                   max_position_embeddings=32_768)
@@ -149,7 +156,7 @@ def continuous_batching(model, rows: torch.Tensor, config) -> tuple[torch.Tensor
     # On a GPU the paged cache takes what memory is free, as in a real run; on a CPU (the smoke test) that would be
     # a share of all RAM, gigabytes to zero-fill, so there it holds just these rows.
     size = {} if rows.is_cuda else {"num_blocks": len(rows) * (1 + (rows.shape[1] + config.max_new_tokens) // 256)}
-    with gh.inference_mode(model), model.continuous_batching_context_manager(
+    with no_grad_eval(model), model.continuous_batching_context_manager(
             generation_config=config, block=False,
             continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True, **size)) as manager:
         sync(rows.device)
@@ -196,7 +203,7 @@ def generation_four_ways(model, cfg: gh.RunConfig, prompt_tokens: int, device) -
                 way = copy.deepcopy(config)
                 for key, value in extra.items():
                     setattr(way, key, value)
-                with gh.inference_mode(model):
+                with no_grad_eval(model):
                     out = model.generate(input_ids=rows, attention_mask=mask, generation_config=way)[:, rows.shape[1]:]
             sync(device)
             seconds = cb_seconds if extra == "generate_batch" else time.perf_counter() - t0
@@ -209,7 +216,7 @@ def generation_four_ways(model, cfg: gh.RunConfig, prompt_tokens: int, device) -
     sampling = gh.sampling_config(cfg.temperature, cfg.max_new_tokens, [EOS, PAD], PAD)
     new, reported, _ = continuous_batching(model, rows, sampling)
     full = torch.cat([rows, new], 1)
-    with gh.inference_mode(model):
+    with no_grad_eval(model):
         scored = gh.compute_logprobs_from_model(model, full, torch.ones_like(full), temperature=cfg.temperature,
                                                 prompt_length=rows.shape[1])[:, rows.shape[1]:]
     gaps = [abs(float(scored[r, t]) - lp) for r, lps in enumerate(reported) for t, lp in enumerate(lps)]

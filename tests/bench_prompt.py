@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?")
     parser.add_argument("--rescore", metavar="JSON", help="print the tables of a saved --out, every completion read "
-                        "again by today's extract_answer_from_completion and is_well_formed_gsm8k")
+                        "again by today's extract_answer_from_completion and final_line_answer")
     parser.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared" / "gsm8k"))
     parser.add_argument("--problems", type=int, default=100, help="problems answered greedily")
     parser.add_argument("--start", type=int, default=0, help="the position of the first of them in the split "
@@ -105,7 +105,7 @@ def rescored(results: dict) -> dict:
     for row in results["greedy"].values():
         for r in row["records"]:
             r.update(correct=gh.gsm8k_reward(r["completion"], r["gold"]) == 1.0,
-                     well_formed=gh.is_well_formed_gsm8k(r["completion"]))
+                     well_formed=(gh.final_line_answer(r["completion"]) is not None))
         n = len(row["records"])
         row.update(lenient=sum(r["correct"] for r in row["records"]) / n,
                    strict=sum(r["correct"] and r["well_formed"] for r in row["records"]) / n,

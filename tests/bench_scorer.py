@@ -21,6 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_homework as gh  # noqa: E402
 
 
+def no_grad_eval(model):
+    """Eval mode and no gradient, as the run scores and generates."""
+    model.eval()
+    return torch.no_grad()
+
+
 def sample_and_score(model, tokenizer, batch, samples: int, new_tokens: int, temperature: float = 0.7,
                      seed: int = 0):
     """Sample `samples` completions per prompt with generate() and score them with TODO 4. Returns the sequences,
@@ -32,7 +38,7 @@ def sample_and_score(model, tokenizer, batch, samples: int, new_tokens: int, tem
     ids = batch["input_ids"].repeat_interleave(samples, 0)
     mask = batch["attention_mask"].repeat_interleave(samples, 0)
     torch.manual_seed(seed)
-    with gh.inference_mode(model):
+    with no_grad_eval(model):
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         prompt = ids.shape[1]
         sampled = out.sequences[:, prompt:]                                                # [rows, new]

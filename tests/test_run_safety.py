@@ -693,7 +693,7 @@ def test_a_number_is_the_whole_token_after_the_marker(text, number):
 
 
 def test_the_format_bonus_needs_a_number_on_the_answer_line():
-    assert gh.is_well_formed_gsm8k("so\n#### 42") and not gh.is_well_formed_gsm8k("#### " + "9" * 100_000)
+    assert (gh.final_line_answer("so\n#### 42") is not None) and not (gh.final_line_answer("#### " + "9" * 100_000) is not None)
     rewards = gh.compute_reward(["#### " + "9" * 100_000, "#### 3/4", "#### 7"], [1.0, 1.0, 7.0], format_reward=0.1)
     assert rewards.tolist() == pytest.approx([0.0, 0.0, 1.1])
     assert math.isclose(gh.GSM8KDataset.extract_answer("x\n#### 2,000"), 2000.0)
@@ -1474,7 +1474,7 @@ def test_answers_are_graded_exactly_and_integers_get_no_tolerance(completion, go
 
 def test_strict_answers_read_the_number_of_the_well_formed_final_line():
     completions = ["\\boxed{7} so the answer is 5", "\\boxed{7} so the answer is 5", "The answer is 5.\n#### 7"]
-    assert gh.is_well_formed_gsm8k(completions[0])
+    assert (gh.final_line_answer(completions[0]) is not None)
     assert gh.compute_reward(completions, [5, 7, 7], strict_answer=True).tolist() == [0.0, 1.0, 1.0]
     assert gh.compute_reward(completions, [5, 7, 7]).tolist() == [1.0, 0.0, 1.0]     # lenient: the last marker
 

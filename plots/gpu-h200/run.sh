@@ -101,7 +101,7 @@ else
         say "training: python3 $HOMEWORK $MODEL ... (log $LOG)"
         python3 $HOMEWORK "$MODEL" --dataset "$PAYLOAD/gsm8k" --device "$DEVICE" --output-dir "$RUN" \
             --max-steps "$MAX_STEPS" --eval-start "$EVAL_START" --eval-size "$EVAL_SIZE" \
-            --eval-batch-size "$EVAL_BATCH" \
+            --eval-batch-size "$EVAL_BATCH" --compile-generation "${COMPILE:-off}" \
             $EXTRA > >(tee -a "$LOG") 2>&1 &
         PID=$!
         python3 $H/watchdog.py --pid $PID --run "$RUN" --log "$LOG" --deadline $DEADLINE
