@@ -22,3 +22,15 @@ def test_gpu_bench_runs_every_phase_and_generation_mode_at_reduced_depth_and_wid
     assert "vs bandwidth bound" in out
     assert "static cache + compile" in out and "continuous batching" in out and "identical tokens: True" in out
     assert "its log-probs vs the pipeline's" in out and "agree within 2e-04: True" in out
+
+
+def test_compiled_generation_bench_runs_both_paths_and_compiles_one_graph_for_three_widths():
+    """tests/bench_compiled.py, #95's one-call GPU benchmark, in its CPU smoke form (inductor on this CPU)."""
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "bench_compiled.py"), "--device", "cpu", "--layers",
+                             "1", "--hidden-size", "96", "--tokens", "4", "--rows", "4", "--group-size", "2",
+                             "--prompt-tokens", "20"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "dynamic cache (today)" in out and "compiled graphs after each call: [0, 0, 0]" in out
+    assert "static cache + torch.compile" in out and "compiled graphs after each call: [1, 1, 1]" in out, out
+    assert "identical greedy tokens (first width): True" in out and "a whole defaults step" in out
