@@ -394,10 +394,10 @@ def policy_update(model, optimizer, rollout: Rollout, cfg: Config, hooks: "Hooks
         batch_loss += weight * loss.item()
     trained = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm).item()
-    if 0 < grad_norm < math.inf and math.isfinite(batch_loss):     # AdamW would move weights on a zero gradient too
+    if stepped := 0 < grad_norm < math.inf and math.isfinite(batch_loss):   # AdamW moves weights on a 0 gradient too
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)                           # the gradients' memory, back for generation
-    return {"loss": batch_loss, "grad_norm": grad_norm}
+    return {"loss": batch_loss, "grad_norm": grad_norm, "stepped": stepped}
 
 
 class Hooks:
@@ -1209,10 +1209,11 @@ class UpdateHooks(Hooks):
         rollout.old_logprobs = rollout.ref_logprobs = None            # a retry after out-of-memory starts anew
         if self.ref_model is not None and cfg.kl_coef > 0:     # every row then has a gradient (its KL): all scored
             rollout.ref_logprobs = torch.zeros(rollout.output_ids.shape, device=rollout.output_ids.device)
+        self.chunks = list(micro_batches(rollout, cfg))          # none when no row has a gradient
+        if rollout.ref_logprobs is not None:                     # the reference's, over the update's own micro-batches
             with self.ref_model.peft_model.disable_adapter() if hasattr(self.ref_model, "peft_model") else \
                     contextlib.nullcontext():
-                rollout_logprobs(self.ref_model, rollout, cfg, list(micro_batches(rollout, cfg)), rollout.ref_logprobs)
-        self.chunks = list(micro_batches(rollout, cfg))          # none when no row has a gradient
+                rollout_logprobs(self.ref_model, rollout, cfg, self.chunks, rollout.ref_logprobs)
         if cfg.ppo_epochs > 1:
             rollout.old_logprobs = rollout_logprobs(model, rollout, cfg, self.chunks)
         self.covered = sum(weight for *_, weight in self.chunks) or 1.0     # the share of the loss run (0: all masked)
@@ -1229,8 +1230,8 @@ class UpdateHooks(Hooks):
                     if is_out_of_memory(e) and getattr(self.optimizer, "updates_begun", 0) != begun:
                         raise optimizer_out_of_memory(model) from None
                     raise
-                self.stats["skipped"] += not 0 < result["grad_norm"] < math.inf or not math.isfinite(result["loss"])
-                if not (math.isfinite(result["loss"]) and math.isfinite(result["grad_norm"])):   # no step was taken
+                self.stats["skipped"] += not result["stepped"]         # a zero gradient, or one not finite
+                if not (math.isfinite(result["loss"]) and math.isfinite(result["grad_norm"])):
                     print(f"warning: skipped an update with loss {result['loss']} and grad norm {result['grad_norm']}",
                           file=sys.stderr)
                 self.stats["loss"] += result["loss"] / cfg.ppo_epochs
@@ -1307,7 +1308,7 @@ class Run(UpdateHooks):
         check_ctrl_c()
         return halve_on_oom(self.cfg, knob, fn, self.optimizer)
 
-    
+
     def end_step(self, step: int, rollout: Rollout, stats: dict) -> dict:
         """The schedule; the record, its metrics.jsonl line, then checkpoint, summary, plots; a stop asked for."""
         cfg, run_dir, lr = self.cfg, self.run_dir, self.optimizer.param_groups[0]["lr"]
