@@ -99,7 +99,7 @@ class GSM8KDataset(Dataset):
         self.rows = [i for i, gold in enumerate(golds) if gold is not None]    # no gold number: nothing to reward
         if len(self.rows) < len(golds):
             print(f"warning: {split}: dropped row(s) {sorted(set(range(len(golds))) - set(self.rows))[:5]} whose "
-                  f"answer has no '#### <number>'", file=sys.stderr)
+                  f"answer has no '#### <number>' (one a float holds exactly)", file=sys.stderr)
         self.questions, self.answers = [data["question"][i] for i in self.rows], [golds[i] for i in self.rows]
         self.prompts = [build_prompt(q, tokenizer, prompt_style) for q in self.questions]
         self.tokenizer, self.max_length, self.prompt_style = tokenizer, max_length, prompt_style
@@ -119,7 +119,7 @@ class GSM8KDataset(Dataset):
     def extract_answer(answer_str):
         """Gold number after a GSM8K answer's last '####' (a number as it is); None for anything else, "72" included."""
         if isinstance(answer_str, (int, float)) and not isinstance(answer_str, bool):
-            return float(answer_str) if math.isfinite(answer_str) else None
+            return float(answer_str) if math.isfinite(answer_str) and float(answer_str) == answer_str else None
         if not isinstance(answer_str, str) or "####" not in answer_str:
             return None
         return parse_number(answer_str.rsplit("####", 1)[1])
@@ -151,11 +151,13 @@ _WHOLE_NUMBER = re.compile(r"\s*(" + _NUMBER + r")[.,;:!?%)*}\]]*\s*")
 
 
 def parse_number(text: str) -> float | None:
-    """The number `text` holds as one whole token (see _NUMBER), or None; overflow to inf is no number."""
+    """The number `text` holds as one whole token (see _NUMBER), or None; overflow to inf, or an integer a float
+    cannot hold exactly, is no number."""
     if not isinstance(text, str) or not (m := _WHOLE_NUMBER.fullmatch(text)):
         return None
-    value = float(re.sub(r"[\s,$\\]", "", m.group(1)))
-    return value if math.isfinite(value) else None
+    digits = re.sub(r"[\s,$\\]", "", m.group(1))
+    value = float(digits)      # an integer a float cannot hold exactly (above 2**53) would compare as another one
+    return value if math.isfinite(value) and ("." in digits or int(digits) == value) else None
 
 
 def extract_answer_from_completion(completion):
@@ -753,14 +755,16 @@ def absolute_if_local(path: str) -> str:
 # a second, or any elsewhere, raises KeyboardInterrupt (run_phases: one line). Python drops one raised in a
 # finalizer, so a press is latched too (check_ctrl_c raises it again); finalizers failing after it are quiet.
 _ctrl_c = {"pressed": False, "training": False, "asked": 0.0}
+CTRL_C_REPEAT = 0.2           # seconds: a signal sooner after the first is the same press, forwarded twice
 
 
 def on_ctrl_c(signum, frame):
-    if _ctrl_c["training"] and not (_ctrl_c["asked"] and time.monotonic() - _ctrl_c["asked"] > 2):
-        if not _ctrl_c["asked"]:        # a repeat within 2 s (launchers forward it twice) is the same press
+    if _ctrl_c["training"] and not (_ctrl_c["asked"] and time.monotonic() - _ctrl_c["asked"] > CTRL_C_REPEAT):
+        if not _ctrl_c["asked"]:        # a launcher forwarding one press twice sends both within milliseconds
             _ctrl_c["asked"] = time.monotonic()
             with contextlib.suppress(OSError):        # SIGHUP: the terminal may be gone
-                print(f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again aborts at once)",
+                print(f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again, "
+                      f"{CTRL_C_REPEAT:g} s or more later, aborts at once)",
                       file=sys.stderr)
         return
     _ctrl_c["pressed"] = True
@@ -952,6 +956,11 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
                         f"{model.get_input_embeddings().num_embeddings} (is tokenizer.json missing?)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    with torch.no_grad():    # NaN or inf from the start: neither scoring nor training could mean anything
+        probe = model(input_ids=torch.tensor([tokenizer("Question: 1 + 1 = ?")["input_ids"] or [0]], device=device))
+    if not torch.isfinite(probe.logits).all():
+        raise UserError(f"MODEL_PATH {path}: the model's logits hold NaN or inf on a short prompt before any training "
+                        f"(damaged weights, or an overflow in --dtype {dtype_name}): nothing was scored or trained")
     contiguous_lm_head_input(model)      # the KL reference too, which never generates
     return model, tokenizer
 
@@ -1101,7 +1110,7 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
 class CompiledGeneration:
     """model.generate with transformers' static KV cache, its decoding step compiled by torch.compile, shapes held
     fixed so that a run compiles a few times, not every step: prompts left-padded to a multiple of `width`, rows to
-    the next of `sizes()` (copies of the last row), both cut off again. A failure to compile: one line, and the
+    the next power of two or of `sizes()` (copies of the last row; fewer than twice the rows), both cut off again. A failure to compile: one line, and the
     dynamic cache from then on. `everywhere`: compile on a CPU too (transformers compiles on accelerators only)."""
 
     def __init__(self, model, sizes: Callable[[], tuple], width: int = 128, everywhere: bool = False,
@@ -1111,13 +1120,16 @@ class CompiledGeneration:
         self.compile_config = compile_config or CompileConfig()
         self.compile_config._compile_all_devices = everywhere or self.compile_config._compile_all_devices
 
+    def rows_run(self, rows: int) -> int:
+        return min([s for s in self.sizes() if s >= rows] + [1 << (rows - 1).bit_length()])
+
     def __call__(self, *, input_ids, attention_mask, generation_config, **kwargs):
         dynamic = lambda: self.plain(input_ids=input_ids, attention_mask=attention_mask,
                                      generation_config=generation_config, **kwargs)
         if self.failed or kwargs:           # kwargs: a cache of the caller's own (prefill_once)
             return dynamic()
         rows, extra_cols = len(input_ids), -input_ids.shape[1] % self.width
-        extra_rows = min([s for s in self.sizes() if s >= rows] or [rows]) - rows
+        extra_rows = self.rows_run(rows) - rows
         pad = lambda t, value: torch.cat([F.pad(t, (extra_cols, 0), value=value)] +
                                          [F.pad(t[-1:], (extra_cols, 0), value=value).expand(extra_rows, -1)])
         config = copy.deepcopy(generation_config)
@@ -1126,9 +1138,9 @@ class CompiledGeneration:
             out = self.plain(input_ids=pad(input_ids, generation_config.pad_token_id), attention_mask=pad(
                 attention_mask, 0), generation_config=config)
         except Exception as e:
-            if is_out_of_memory(e):
+            if is_out_of_memory(e) or "probability tensor contains" in str(e):     # memory, or NaN in the policy
                 raise
-            self.failed = True
+            self.failed = first_line(e)
             print(f"warning: compiled generation failed ({first_line(e)}); generating with the dynamic KV cache from "
                   f"here on (--compile-generation off skips the attempt)", file=sys.stderr)
             return dynamic()
@@ -1325,6 +1337,7 @@ class Run(UpdateHooks):
         if cfg.save_every and record["step"] % cfg.save_every == 0:
             checkpoint_now(self)
         self.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - self.t_start)
+        note_generation_fallback(self, f"step {record['step']}")
         write_json(run_dir / "summary.json", self.summary)
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
             write_plots(run_dir, self.summary)
@@ -1379,8 +1392,9 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     inputs = checked_inputs(run, earlier.get("inputs", {}),
                             reads_model=not checkpoint or cfg.kl_coef > 0 or cfg.lora_rank > 0)
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
-    lost = [name for name in ("summary.json", "eval_before.jsonl") if not (run_dir / name).exists()] + \
-        ([] if "before" in run.summary else ["summary.json's scores before"])
+    before = run.summary.get("before")           # null, {}, "31%" are lost scores as much as a missing key
+    lost = [name for name in ("summary.json", "eval_before.jsonl") if not (run_dir / name).exists()] + ([] if (
+        isinstance(before, dict) and type(before.get("accuracy")) in (int, float)) else ["summary.json's scores before"])
     if checkpoint and lost:       # scoring now would score the trained checkpoint as "the starting model"
         raise UserError(f"--resume {run_dir}: its {lost[0]} is missing, so the starting model's scores are lost and "
                         f"cannot be taken from a trained checkpoint: put it back, or start a new run")
@@ -1429,8 +1443,10 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     resumes = earlier.get("resumes", []) + [{"argv": sys.argv, "at_step": run.start["step"]}] if resume else []
     versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
                 **({"peft": importlib.metadata.version("peft")} if cfg.lora_rank else {})}
-    write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "argv": earlier.get("argv", sys.argv),
-                                         "resumes": resumes, "processes": 1, "versions": versions, "inputs": inputs})
+    ran = {"device": str(run.device), "dtype": cfg.dtype, "generation": "compiled static cache" if isinstance(
+        run.model.generate, CompiledGeneration) else "dynamic cache"}      # as resolved: never auto
+    write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "ran": ran, "argv": earlier.get(
+        "argv", sys.argv), "resumes": resumes, "processes": 1, "versions": versions, "inputs": inputs})
     return run
 
 
@@ -1491,7 +1507,8 @@ def evaluate_before(run: Run) -> None:
           f"format {before['format_rate']:.0%})")
     run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": False,
-                   **{k: run.summary[k] for k in ("earlier_ends",) if k in run.summary}}
+                   **{k: run.summary[k] for k in ("earlier_ends", "generation_fallback") if k in run.summary}}
+    note_generation_fallback(run, "the evaluation before training")
     write_json(run.run_dir / "summary.json", run.summary)
 
 
@@ -1509,7 +1526,14 @@ def score_only(run: Run) -> None:
                               "problems": f"{cfg.eval_split} " + number_ranges(cfg.eval_start + i
                                                                                for i in run.eval_set.rows)},
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": True}
+    note_generation_fallback(run, "the evaluation")
     write_json(run.run_dir / "summary.json", run.summary)
+
+
+def note_generation_fallback(run: Run, where: str) -> None:
+    """summary.json: where compiled generation fell back to the dynamic KV cache, and why (the first time)."""
+    if (failed := getattr(run.model.generate, "failed", False)) and "generation_fallback" not in run.summary:
+        run.summary["generation_fallback"] = {"at": where, "error": failed, "from then on": "dynamic cache"}
 
 
 def number_ranges(numbers) -> str:
@@ -1544,6 +1568,7 @@ def finish_run(run: Run) -> None:
     run.summary.update(accuracy_after=after["accuracy"], after=after, **paired, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
+    note_generation_fallback(run, "the final evaluation")
     write_jsonl(run_dir / "eval_after.jsonl", after_records)
     write_plots(run_dir, run.summary)
     write_before_after(run_dir)
@@ -1750,10 +1775,19 @@ def redraw_report(run_dir: Path) -> None:
     if recorded_config(run_dir).get("eval_only") is True:
         raise UserError(f"--report {run_dir}: an --eval-only run has no curves nor before/after to draw: its scores "
                         f"are in eval.jsonl and summary.json")
-    lock = None
+    lock, staging, drawn, written = None, None, [], []
     try:
         lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
-        written = write_plots(run_dir) + [p for p in [write_before_after(run_dir)] if p]
+        staging = Path(tempfile.mkdtemp(prefix=".report-", dir=run_dir))   # each file drawn whole, then moved in
+        drawn = write_plots(run_dir, into=staging) + [p for p in [write_before_after(run_dir, into=staging)] if p]
+        for path in drawn:
+            own_path((target := run_dir / path.relative_to(staging)).parent, folder=True).mkdir(exist_ok=True)
+            os.replace(path, own_path(target))
+            written.append(target)
+    except KeyboardInterrupt:
+        replaced = ", ".join(str(p.relative_to(run_dir)) for p in written)
+        raise UserError(f"--report {run_dir}: interrupted; " + (f"replaced {replaced}, the rest are as they were"
+                                                                 if written else "nothing was changed")) from None
     except (KeyError, TypeError, ValueError, ArithmeticError) as e:
         raise UserError(f"--report {run_dir}: the run record is damaged ({type(e).__name__}: {e})") from None
     except OSError as e:
@@ -1761,6 +1795,8 @@ def redraw_report(run_dir: Path) -> None:
     finally:
         if lock is not None:
             os.close(lock)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     if not written:
         raise UserError(f"--report {run_dir}: nothing to draw yet (no training step nor final evaluation recorded)")
     print("\n".join(str(p) for p in written))
@@ -1771,8 +1807,9 @@ def recorded_config(run_dir: Path) -> dict:
     return read_json(run_dir / "config.json").get("config", {}) if (run_dir / "config.json").is_file() else {}
 
 
-def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
-    """Reward, length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots, with `summary`'s accuracy."""
+def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = None) -> list[Path]:
+    """Reward, length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots (or `into`/plots), with
+    `summary`'s accuracy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -1782,7 +1819,7 @@ def write_plots(run_dir: Path, summary: dict | None = None) -> list[Path]:
         return []
     if summary is None:
         summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
-    (plots := own_path(run_dir / "plots", folder=True)).mkdir(exist_ok=True)
+    (plots := own_path((into or run_dir) / "plots", folder=True)).mkdir(exist_ok=True)
     steps = [m["step"] for m in metrics]
     saved = recorded_config(run_dir)
     bonus, split = saved.get("format_reward") or 0, saved.get("eval_split", "test")
@@ -1839,7 +1876,7 @@ def same_problems(before: list[dict], after: list[dict]) -> None:
                         "on disk?): the accuracies and answers cannot be compared")
 
 
-def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
+def write_before_after(run_dir: Path, limit: int = 10, into: Path | None = None) -> Path | None:
     """Problems whose greedy answer flipped, with both completions side by side."""
     before, after = read_jsonl(run_dir / "eval_before.jsonl"), read_jsonl(run_dir / "eval_after.jsonl")
     if not before or not after:
@@ -1866,7 +1903,7 @@ def write_before_after(run_dir: Path, limit: int = 10) -> Path | None:
         for b, a in chosen[:limit]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
                       "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
-    replace_file(path := run_dir / "before_after.md", lambda tmp: tmp.write_text("\n".join(lines)))
+    replace_file(path := (into or run_dir) / "before_after.md", lambda tmp: tmp.write_text("\n".join(lines)))
     return path
 
 
@@ -1919,12 +1956,15 @@ def check_kv_cache_fits(cfg: RunConfig, model, device: torch.device) -> None:
     if device.type != "cpu" or available is None or not (layers and kv_heads and head_dim):
         return
     per_token = 2 * layers * kv_heads * head_dim * next(model.parameters()).element_size()    # keys and values
+    compiled = model.generate if isinstance(model.generate, CompiledGeneration) else None     # pads what it runs
+    columns = (-(-cfg.max_prompt_length // compiled.width) * compiled.width if compiled else cfg.max_prompt_length) \
+        + cfg.max_new_tokens
     batches = [("--eval-batch-size", cfg.eval_batch_size)] + ([] if cfg.eval_only else [
         ("--generation-batch-size", min(cfg.generation_batch_size, cfg.batch_size * cfg.group_size))])
     for flag, rows in batches:
-        need = rows * (cfg.max_prompt_length + cfg.max_new_tokens) * per_token
+        need = (rows := compiled.rows_run(rows) if compiled else rows) * columns * per_token
         if need > available:
-            raise UserError(f"{flag} {rows} x {cfg.max_prompt_length + cfg.max_new_tokens} tokens would need a "
+            raise UserError(f"{flag} {rows} x {columns} tokens would need a "
                             f"{need / 2**30:,.0f} GiB KV cache, more than the {available / 2**30:,.1f} GiB of memory "
                             f"available: lower it (--group-size divides --generation-batch-size)")
 

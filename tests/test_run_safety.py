@@ -1,6 +1,7 @@
 """A run never loses work, never touches what it does not own, never unpickles, and refuses values that would
 train wrong. One test per defect of the run-safety issue; interrupts are real SIGINTs to real CLI processes."""
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -1541,3 +1542,154 @@ def test_committed_scorings_are_labelled_as_scorings_not_as_a_before():
             assert "accuracy_before" not in summary and "accuracy_after" not in summary, path
             assert summary["eval_only"] and set(summary["scored"]) >= {"model", "max_new_tokens", "problems"}, path
     assert len(scorings) >= 25
+
+
+# ----- round 8 (#99): what users do to a run -----
+
+@pytest.mark.parametrize("before", [None, {}, "31%", {"format_rate": 0.5}])
+def test_a_resume_whose_scores_before_are_damaged_is_refused_like_lost_ones(run_copy, capsys, before):
+    """`null` re-scored checkpoint 3 as the starting model and overwrote eval_before.jsonl; {} and "31%" failed
+    with advice (resume) that failed the same way."""
+    summary = json.loads((run_copy / "summary.json").read_text())
+    (run_copy / "summary.json").write_text(json.dumps({**summary, "before": before}))
+    scores_before = (run_copy / "eval_before.jsonl").read_text()
+    code, err = main_err(["--resume", run_copy, "--max-steps", "4"], capsys)
+    assert code == 2 and "its summary.json's scores before is missing" in err, err
+    assert (run_copy / "eval_before.jsonl").read_text() == scores_before and not (run_copy / "earlier-ends").exists()
+
+
+def test_the_records_say_which_device_dtype_and_generation_ran(model_dir, gsm8k_dir, tmp_path):
+    """config.json said "device": "auto" (--eval-only too) and nothing of the generation path."""
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1")) == 0
+    ran = json.loads((out / "config.json").read_text())["ran"]
+    assert ran == {"device": "cpu", "dtype": "float32", "generation": "dynamic cache"}, ran
+    scored = tmp_path / "scored"
+    assert gh.main([str(model_dir), "--dataset", str(gsm8k_dir), "--eval-only", "--output-dir", str(scored),
+                    "--eval-size", "2", "--max-new-tokens", "4", "--compile-generation", "off"]) == 0
+    assert json.loads((scored / "config.json").read_text())["ran"]["device"] == "cpu"
+
+
+def test_a_compiled_generation_that_fell_back_is_recorded_with_where(model_dir, gsm8k_dir, tmp_path, monkeypatch):
+    """A run whose compile failed said "compile_generation": "on" and nothing else."""
+    import transformers
+    from transformers import CompileConfig
+
+    def broken(graph, example_inputs):
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(transformers, "CompileConfig", lambda: CompileConfig(backend=broken, mode=None))
+    out = tmp_path / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1", "--compile-generation", "on")) == 0
+    assert json.loads((out / "config.json").read_text())["ran"]["generation"] == "compiled static cache"
+    fallback = json.loads((out / "summary.json").read_text())["generation_fallback"]
+    assert fallback["at"] == "the evaluation before training" and "broken" in fallback["error"], fallback
+
+
+def test_a_second_ctrl_c_a_second_after_the_first_aborts(monkeypatch):
+    """A 2 s debounce swallowed it, and the step ran on (44 s in one case)."""
+    clock = [100.0]
+    monkeypatch.setattr(gh.time, "monotonic", lambda: clock[0])
+    monkeypatch.setitem(gh._ctrl_c, "training", True)
+    monkeypatch.setitem(gh._ctrl_c, "asked", 0.0)
+    gh.on_ctrl_c(signal.SIGINT, None)                  # the first: stop after this step
+    clock[0] += 0.05
+    gh.on_ctrl_c(signal.SIGINT, None)                  # the same press, forwarded twice by a launcher
+    clock[0] += 1.0
+    with pytest.raises(KeyboardInterrupt):
+        gh.on_ctrl_c(signal.SIGINT, None)
+    monkeypatch.setitem(gh._ctrl_c, "pressed", False)
+
+
+def test_a_starting_model_with_nan_is_named_before_any_scoring_or_step(model_dir, gsm8k_dir, tmp_path, capsys):
+    """It recorded 0.00% as the model's score, then blamed the learning rate at step 0."""
+    from transformers import AutoModelForCausalLM
+    broken = tmp_path / "nan-model"
+    shutil.copytree(model_dir, broken)
+    model = AutoModelForCausalLM.from_pretrained(broken)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = math.nan
+    model.save_pretrained(broken)
+    out = tmp_path / "run"
+    code, err = main_err(tiny_args(broken, gsm8k_dir, out, "--max-steps", "1"), capsys)
+    assert code == 2 and "NaN or inf" in err and "before any training" in err and "learning-rate" not in err, err
+    assert not (out / "eval_before.jsonl").exists()
+
+
+def test_a_sampling_error_under_compiled_generation_is_not_called_a_compile_failure(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    generation = gh.CompiledGeneration(model, lambda: (4,))
+
+    def nan_sampling(**kwargs):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    generation.plain = nan_sampling
+    with pytest.raises(RuntimeError, match="probability tensor"):
+        generation(input_ids=torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 3, dtype=torch.long),
+                   generation_config=model.generation_config)
+    assert not generation.failed
+
+
+@pytest.mark.parametrize("rows, runs_as", [(16, 16), (2, 2), (24, 32), (40, 48), (60, 64)])
+def test_compiled_generation_pads_rows_to_a_power_of_two_or_a_batch_size(model_and_tokenizer, rows, runs_as):
+    """Every call ran at a full batch size: 16 training rows as 64, 2 as 64 (3.77 s against 0.41 s)."""
+    model, _ = model_and_tokenizer
+    generation, shapes = gh.CompiledGeneration(model, lambda: (64, 48)), []
+    generation.plain = lambda input_ids, attention_mask, generation_config: shapes.append(input_ids.shape) or \
+        torch.cat([input_ids, input_ids[:, :1]], 1)
+    out = generation(input_ids=torch.ones(rows, 5, dtype=torch.long), attention_mask=torch.ones(rows, 5,
+                     dtype=torch.long), generation_config=model.generation_config)
+    assert shapes == [(runs_as, 128)] and out.shape == (rows, 6)
+
+
+def test_the_cpu_memory_check_budgets_the_padded_shape_compiled_generation_runs(model_and_tokenizer, monkeypatch):
+    """It budgeted the rows and prompt width asked for, not the padded ones that run."""
+    model, _ = model_and_tokenizer
+    cfg = gh.RunConfig(eval_only=True, eval_batch_size=24, max_prompt_length=100, max_new_tokens=28)
+    c = model.config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    kib = -(-24 * 128 * per_token // 1024)         # the 24 x 128 tokens asked for fit; 24 x 156 run, and do not
+    monkeypatch.setattr(gh, "Path", lambda p: type("Meminfo", (), {"read_text": lambda self: f"MemAvailable: "
+                                                                   f"{kib} kB\n"})())
+    model.generate = gh.CompiledGeneration(model, lambda: (64, cfg.eval_batch_size))
+    try:
+        gh.check_kv_cache_fits(dataclasses.replace(cfg, eval_batch_size=16, max_prompt_length=100), model,
+                               torch.device("cpu"))                 # 16 x 256 fits
+        cfg.eval_batch_size = 24
+        with pytest.raises(gh.UserError, match=r"--eval-batch-size 24 x 156 tokens"):
+            gh.check_kv_cache_fits(cfg, model, torch.device("cpu"))
+    finally:
+        del model.generate
+
+
+@pytest.mark.parametrize("text, gold, reward", [("#### 9007199254740993", 9007199254740992.0, 0.0),
+                                                ("#### 9007199254740992", 9007199254740992.0, 1.0),
+                                                ("#### 100000000000000000000", 1e20, 1.0)])
+def test_integers_are_compared_as_written_even_beyond_2_to_the_53(text, gold, reward):
+    """9007199254740993 was rewarded against 9007199254740992 (both one float)."""
+    assert gh.compute_reward([text], [gold]).tolist() == [reward]
+
+
+def test_a_gold_a_float_cannot_hold_is_dropped_with_a_warning_not_rounded(tmp_path, capsys):
+    """Gold 12345678901234567890 was shown (and compared) as 12345678901234567168."""
+    assert gh.GSM8KDataset.extract_answer("so #### 12345678901234567890") is None
+    assert gh.GSM8KDataset.extract_answer(12345678901234567890) is None
+    rows = PROBLEMS[:2] + [{"question": "How many grains?", "answer": "many\n#### 12345678901234567890"}]
+    folder = gh.write_hub_dataset(tmp_path / "d", {"train": rows, "test": rows})
+    data = gh.GSM8KDataset("test", gh.build_byte_tokenizer(), dataset_path=str(folder))
+    assert data.answers == [7.0, 60.0] and "dropped row(s) [2]" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_report_replaces_nothing_drawn_so_far(run_copy, capsys, monkeypatch):
+    """It said "nothing was written" after two plots had been rewritten."""
+    plots = sorted((run_copy / "plots").iterdir())
+    inodes = {p.name: p.stat().st_ino for p in plots}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gh, "write_before_after", interrupted)
+    code, err = main_err(["--report", run_copy], capsys)
+    assert code == 2 and "interrupted; nothing was changed" in err, err
+    assert {p.name: p.stat().st_ino for p in sorted((run_copy / "plots").iterdir())} == inodes
+    assert not [p for p in run_copy.iterdir() if p.name.startswith(".report-")]
+    monkeypatch.undo()
+    assert gh.main(["--report", str(run_copy)]) == 0
+    assert {p.name: p.stat().st_ino for p in sorted((run_copy / "plots").iterdir())} != inodes
