@@ -63,6 +63,11 @@ class Config:
     micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate exactly)")
     eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
 
+    @property
+    def reward_options(self) -> dict:     # none at the defaults: compute_reward(completions, golds), the template's call
+        return {"format_reward": self.format_reward, "strict_answer": self.strict_answer} if (
+            self.format_reward or self.strict_answer) else {}
+
 
 # ===== Part 1: dataset =============================================================================================
 
@@ -329,34 +334,45 @@ class Rollout:
     advantages: torch.Tensor        # [rows]
     truncated: torch.Tensor         # [rows] bool
     completion_lengths: torch.Tensor  # [rows]
-    old_logprobs: torch.Tensor | None = None   # [rows, seq] the sampling policy's; None: the current one's (ratio 1)
-    ref_logprobs: torch.Tensor | None = None   # [rows, seq] a KL penalty's reference (a run's; Hooks.penalty)
+    old_logprobs: torch.Tensor | None = None   # [rows, seq] the sampling policy's, saved by a run before PPO epochs
+    ref_logprobs: torch.Tensor | None = None   # [rows, seq] a KL penalty's reference (a run's)
+    grad_norm: float = math.nan                # of the last update on it, before clipping
 
     @classmethod
     def of(cls, sample: dict, rewards, advantages, mask_truncated: bool = False) -> "Rollout":
-        """generate_completions' sample with its rewards and advantages; mask_truncated drops cut completions."""
-        loss_mask = sample["completion_mask"].bool() & ~(sample["truncated"].unsqueeze(1) & mask_truncated)
-        return cls(sample["output_ids"], sample["attention_mask"], loss_mask, sample["prompt_length"],
-                   sample["completions"], rewards, advantages, sample["truncated"].cpu(),
-                   sample["completion_lengths"].cpu())
+        """generate_completions' sample with its rewards and advantages; mask_truncated drops cut completions. A
+        sampler returning only output_ids, completions and prompt_length has every completion column trained."""
+        ids, start = sample["output_ids"], sample["prompt_length"]
+        completion_columns = (torch.arange(ids.shape[1], device=ids.device) >= start).expand_as(ids)     # [rows, seq]
+        truncated = sample.get("truncated", torch.zeros(len(ids), dtype=torch.bool, device=ids.device))   # [rows]
+        loss_mask = sample.get("completion_mask", completion_columns).bool() & ~(truncated.unsqueeze(1) & mask_truncated)
+        return cls(ids, sample.get("attention_mask", torch.ones_like(ids)), loss_mask, start, sample["completions"],
+                   rewards, advantages, truncated.cpu(), sample.get("completion_lengths", loss_mask.sum(1)).cpu())
 
-    def rows(self, rows, columns: int | None = None) -> "Rollout":
-        """These rows only (an index tensor or a slice), and with `columns` only the first that many columns."""
-        index = range(len(self.completions))[rows] if isinstance(rows, slice) else rows.tolist()     # of the lists
-        at = lambda v: v[rows.to(v.device) if torch.is_tensor(rows) else rows]                      # of the tensors
-        pick = lambda v: (at(v)[:, :columns] if v.dim() == 2 else at(v)) if torch.is_tensor(v) else \
-            [v[i] for i in index] if isinstance(v, list) else v                                    # prompt_length
-        return Rollout(**{name: pick(v) for name, v in vars(self).items()})
+    def rows(self, rows: torch.Tensor, columns: int | None = None) -> "Rollout":
+        """These rows only (a tensor of indices), and with `columns` only the first that many columns."""
+        def select(value):
+            if torch.is_tensor(value):
+                value = value[rows.to(value.device)]
+                return value[:, :columns] if value.dim() == 2 else value
+            return [value[i] for i in rows.tolist()] if isinstance(value, list) else value    # prompt_length stays
+        return Rollout(**{name: select(value) for name, value in vars(self).items()})
+
+    def sampling_logprobs(self, logprobs):
+        """The log-probs the samples were drawn with: a run's, saved before its PPO epochs; else these, detached (the
+        policy has not moved since sampling: ratio 1, so the clip cuts nothing and the loss is about 0, its gradient
+        the advantage-weighted log-likelihood's)."""
+        return logprobs.detach() if self.old_logprobs is None else self.old_logprobs
 
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) under softmax(logits / T), the
-    distribution the sampler drew from; 0 at column 0 and before prompt_length. A left-padded row is given the
-    positions generate() gave it, counted from its first real token (the default counts from column 0)."""
+    distribution the sampler drew from; 0 at column 0 and before prompt_length. A padded row is given the positions
+    generate() gave it, counting real tokens only (the default counts every column)."""
     start = min(max(1, prompt_length or 0), input_ids.shape[1])                  # the first column scored
-    left_padded = attention_mask is not None and bool((attention_mask[:, 0] == 0).any())
-    positions = {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp(min=0)} if left_padded else {}
+    padded = attention_mask is not None and not bool(attention_mask.all())      # left or right: as generate() counts
+    positions = {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp(min=0)} if padded else {}
     logits = model(input_ids=input_ids, attention_mask=attention_mask, **positions).logits    # [batch, seq, vocab]
     logits = logits[:, start - 1:-1]                           # position t - 1 predicts token t: [batch, seq - start]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature      # bf16 -> fp32; fp64 stays
@@ -364,8 +380,8 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     return F.pad(logprobs, (start, 0))                                                       # [batch, seq]
 
 
-def micro_batches(rollout: Rollout, cfg: Config):
-    """(rows, columns, weight) of each micro-batch: micro_batch_size rows cut after their last completion column, at
+def micro_batch_rows(rollout: Rollout, cfg: Config):
+    """(rows, columns, share) of each micro-batch: micro_batch_size rows cut after their last completion column, at
     their share of the loss (rows; tokens under token-mean), so the gradients add up to the whole batch's. Rows whose
     gradient is exactly 0 (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
     live = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
@@ -378,92 +394,105 @@ def micro_batches(rollout: Rollout, cfg: Config):
         yield rows, int(used.any(0).nonzero()[-1]) + 1, share
 
 
-def policy_update(model, optimizer, rollout: Rollout, cfg: Config, hooks: "Hooks") -> dict:
-    """Step 4: the clipped policy-gradient loss of each micro-batch, backpropagated at its share of the batch, then one
-    optimizer step on the clipped gradient (none when it is 0 or not finite). The loss and the gradient's norm."""
-    model.train()                       # dropout and gradient checkpointing, where a model has them
-    optimizer.zero_grad(set_to_none=True)
-    batch_loss = 0.0
-    for rows, columns, weight in micro_batches(rollout, cfg):
-        micro = rollout.rows(rows, columns)
-        logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
-                                               temperature=cfg.temperature, prompt_length=micro.prompt_length)
-        old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs     # one update: ratio 1
-        loss = compute_policy_loss(logprobs, old, micro.advantages, micro.loss_mask, cfg.clip_eps,
-                                   clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
-                                   num_tokens=cfg.max_new_tokens) + hooks.penalty(micro, logprobs, weight)
-        (loss * weight).backward()
-        batch_loss += weight * loss.item()
-    trained = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm).item()
-    if stepped := 0 < grad_norm < math.inf and math.isfinite(batch_loss):   # AdamW moves weights on a 0 gradient too
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)                           # the gradients' memory, back for generation
-    return {"loss": batch_loss, "grad_norm": grad_norm, "stepped": stepped}
+def micro_batches(rollout: Rollout, cfg: Config):
+    """The rollout as micro-batches (Rollouts of micro_batch_size rows) with their share of the loss: memory."""
+    return ((rollout.rows(rows, columns), share) for rows, columns, share in micro_batch_rows(rollout, cfg))
+
+
+def step_line(record: dict) -> str:
+    """What a step printed: its samples' mean reward and length, the share cut at the token budget, and the gradient's
+    norm (the loss is left out: at one update a batch the ratio is 1 and the clipped loss about 0, whatever is learnt)."""
+    return (f"step {record['step']}: mean reward {record['reward_mean']:.3f}, length {record['completion_len_mean']:.0f}"
+            f" tokens ({record['truncated_frac']:.0%} cut at the budget), grad norm {record['grad_norm']:.3g}")
 
 
 class Hooks:
-    """The one seam between train_grpo and a real run; these are the plain loop. Run, below the banner, overrides each:
-    it resumes, draws batches until groups' rewards differ, halves batches on out-of-memory, adds PPO epochs, the KL
-    penalty and statistics, logs and checkpoints."""
-    generation = {}         # generate_completions' options (Run: a batch size, a prompt's KV cache once a group)
+    """The one seam between train_grpo and a real run; these are the plain loop. Below the banner UpdateHooks adds PPO
+    epochs, a KL penalty and statistics, and Run resumes, pools batches until enough groups' rewards differ, retries a
+    step smaller after out-of-memory, records and checkpoints."""
+    generation = {}       # generate_completions' options (a run's: its batch size, a prompt's KV cache once a group)
 
-    def rollouts(self, loader, num_epochs: int, sample_and_score: Callable[[dict], Rollout]):
-        return (sample_and_score(batch) for _ in range(num_epochs) for batch in loader)
+    def __init__(self):
+        self.history = []
 
-    def update(self, rollout: Rollout, update: Callable[[], dict]) -> dict:
-        return update()
+    def batches(self, loader, num_epochs: int):
+        for _ in range(num_epochs):
+            for batch in loader:
+                if not isinstance(batch, dict):
+                    raise TypeError(f"train_loader gave a {type(batch).__name__}: a batch is a dict of input_ids, "
+                                    f"attention_mask and answer (collate_prompts, or torch's default collate)")
+                yield batch
 
-    def penalty(self, micro: Rollout, logprobs, weight: float):     # added to a micro-batch's loss
-        return 0.0
+    def updates(self, rollout: Rollout):
+        """The rollouts the policy is updated on: this one, once; then the step's record, printed."""
+        yield rollout
+        self.history.append({"step": len(self.history) + 1, "reward_mean": rollout.rewards.mean().item(),
+                             "completion_len_mean": rollout.completion_lengths.float().mean().item(),
+                             "truncated_frac": rollout.truncated.float().mean().item(), "grad_norm": rollout.grad_norm})
+        print(step_line(self.history[-1]))
 
-    def end_step(self, step: int, rollout: Rollout, stats: dict) -> dict:       # the step's record
-        return {"step": step, "reward_mean": rollout.rewards.mean().item(), **stats}
+    def penalized(self, micro: Rollout, logprobs, loss):        # a micro-batch's loss (a run adds its KL penalty)
+        return loss
 
-    def retry(self, knob: str, fn: Callable):                       # an evaluation batch
-        return fn()
+
+def loop_config(cfg: Config | None, hooks: Hooks | None, num_epochs, group_size, clip_eps, max_new_tokens) -> Config:
+    """train_grpo's settings: Config's defaults with the template's arguments, or `cfg` where they agree with it. A
+    config with a run's settings (PPO epochs, KL penalty, steps, signal) needs the hooks that honour them."""
+    given = {"num_epochs": num_epochs, "group_size": group_size, "clip_eps": clip_eps, "max_new_tokens": max_new_tokens}
+    if cfg is None:
+        return Config(**given)
+    if clash := [f"{name}={value} (cfg.{name} = {getattr(cfg, name)})" for name, value in given.items()
+                 if getattr(cfg, name) != value]:
+        raise ValueError(f"train_grpo: {', '.join(clash)}: pass cfg's values, or leave cfg out")
+    if hooks is None and type(cfg) is not Config:
+        raise ValueError(f"train_grpo: a {type(cfg).__name__} holds settings only a run's hooks honour (PPO epochs, "
+                         f"KL penalty, step limit, signal filling): pass hooks=UpdateHooks(...) or a plain Config")
+    return cfg
 
 
 # ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, hooks: Hooks | None = None):
     """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
-    group's (the advantages), (4) take the clipped policy-gradient step; prints and returns each step's record.
+    group's (the advantages), (4) take one clipped policy-gradient step; returns each step's record (each printed).
     cfg holds every setting (without it: Config's defaults and these arguments); hooks: the seam a run plugs into."""
-    cfg = cfg or Config(num_epochs=num_epochs, group_size=group_size, clip_eps=clip_eps, max_new_tokens=max_new_tokens)
-    hooks, history = hooks or Hooks(), []
-
-    def sample_and_score(batch) -> Rollout:
+    cfg, hooks = loop_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
+    for batch in hooks.batches(train_loader, cfg.num_epochs):        # a run: from where it stopped, to its last step
         # 1. Sample group_size completions of each prompt from the current policy
-        sample = generate_completions(model, tokenizer, batch["input_ids"].to(device),
-                                      batch["attention_mask"].to(device), cfg.max_new_tokens, cfg.temperature,
-                                      cfg.group_size, **hooks.generation)
+        sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(
+            device), cfg.max_new_tokens, cfg.temperature, cfg.group_size, **hooks.generation)
         # 2. Reward each completion: 1 if its final number is its problem's gold answer
-        rewards = compute_reward(sample["completions"], [a for a in batch["answer"] for _ in range(cfg.group_size)],
-                                 format_reward=cfg.format_reward, strict_answer=cfg.strict_answer)
+        rewards = compute_reward(sample["completions"], [answer for answer in batch["answer"]
+                                                         for _ in range(cfg.group_size)], **cfg.reward_options)
         # 3. Advantages: each reward against its group's mean (and std)
-        return Rollout.of(sample, rewards, compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=(
-            cfg.advantage == "grpo"), advantage_eps=cfg.advantage_eps), cfg.mask_truncated)
+        advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
+                                             advantage_eps=cfg.advantage_eps)
+        # 4. The update: log-probs, clipped loss and backward pass micro-batch by micro-batch, then one clipped step
+        for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg.mask_truncated)):   # a run: PPO epochs
+            for micro, share in micro_batches(rollout, cfg):               # the shares' gradients add up to the batch's
+                logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
+                                                       temperature=cfg.temperature, prompt_length=micro.prompt_length)
+                loss = compute_policy_loss(logprobs, micro.sampling_logprobs(logprobs), micro.advantages, micro.loss_mask,
+                                           cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
+                                           num_tokens=cfg.max_new_tokens)
+                (share * hooks.penalized(micro, logprobs, loss)).backward()
+            rollout.grad_norm = torch.nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"],
+                                                               cfg.max_grad_norm).item()
+            if 0 < rollout.grad_norm < math.inf:       # a zero gradient would still move AdamW's weights; NaN: skipped
+                optimizer.step()
+            optimizer.zero_grad()                      # the gradients' memory, back for the next generation
+    return hooks.history
 
-    for rollout in hooks.rollouts(train_loader, cfg.num_epochs, sample_and_score):
-        # 4. Update the policy: the clipped loss over micro-batches, then one optimizer step
-        stats = hooks.update(rollout, lambda: policy_update(model, optimizer, rollout, cfg, hooks))
-        history.append(hooks.end_step(len(history) + 1, rollout, stats))
-        print(f"step {history[-1]['step']}: mean reward {history[-1]['reward_mean']:.3f}, loss {stats['loss']:.4f}")
-    return history
 
-
-def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval",
-             hooks: Hooks | None = None) -> tuple[dict, list[dict]]:
+def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc="eval") -> tuple[dict, list[dict]]:
     """Greedy accuracy (same extraction as the reward) and format compliance; one record per problem."""
     from tqdm.auto import tqdm
     loader = DataLoader(dataset, cfg.eval_batch_size, generator=torch.Generator(),     # its own: the global one's
                         collate_fn=lambda b: collate_prompts(b, tokenizer))            # draws would shift sampling
     records = []
     for batch in tqdm(loader, desc=desc, dynamic_ncols=True, disable=None):     # None: no bar in a log file
-        out = (hooks or Hooks()).retry("eval_batch_size", lambda: generate_completions(  # a run's halving splits it
-            model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-            cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size))
+        out = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(device),
+                                   cfg.max_new_tokens, temperature=0.0, num_samples=1, batch_size=cfg.eval_batch_size)
         for question, gold, completion, tokens, cut in zip(batch["question"], batch["answer"], out["completions"],
                                                            out["completion_lengths"].tolist(), out["truncated"]):
             records.append({"question": question, "gold": gold, "completion": completion, "tokens": tokens,
@@ -983,16 +1012,6 @@ def epochs_from(loader, num_epochs: int, start: dict):
         yield epoch, batches
 
 
-def draw_for_signal(first: Rollout, index: int, batches, sample_and_score, cfg: RunConfig) -> tuple[list, int]:
-    """Batches drawn until --min-signal-groups groups' rewards differ (at most --max-draws more), the last's index."""
-    drawn = [first]
-    while sum(int(spread(r.rewards, cfg.group_size).sum()) for r in drawn) < cfg.signal_groups and \
-            len(drawn) <= cfg.max_draws and (more := next(batches, None)):
-        index, batch = more
-        drawn.append(sample_and_score(batch))
-    return drawn, index
-
-
 def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
     grouped = rewards.view(-1, group_size)
@@ -1200,29 +1219,29 @@ def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks, out: torch.Te
 @dataclass(eq=False)
 class UpdateHooks(Hooks):
     """Step 4 as a run takes it: PPO epochs with old log-probs computed once, the KL penalty to a reference, the
-    update's statistics, micro-batches halved on out-of-memory. Run adds the rest; tests and benchmarks use these."""
+    update's statistics. Run adds the rest; tests and benchmarks use these."""
     cfg: Any
     optimizer: Any
     ref_model: Any = None          # the KL penalty's reference, the starting model (--kl-coef)
     model: Any = None
 
     def __post_init__(self):           # refused, not dropped: the penalty would be 0 in silence
+        self.history, self.updates_settled = [], getattr(self.optimizer, "updates_begun", 0)
+        if not hasattr(self.cfg, "kl_coef"):
+            raise TypeError(f"UpdateHooks reads a run's settings (kl_coef, ppo_epochs): give it a RunConfig, not a "
+                            f"{type(self.cfg).__name__}")
         if self.cfg.kl_coef > 0 and self.ref_model is None:
             raise ValueError("kl_coef > 0 needs the reference model: UpdateHooks(cfg, optimizer, ref_model=...)")
 
-    def update(self, rollout: Rollout, update: Callable[[], dict]) -> dict:
-        check_ctrl_c()                        # after a Ctrl-C Python dropped
-        return halve_on_oom(self.cfg, "micro_batch_size", lambda: self.epochs(rollout, update), self.optimizer)
-
-    def epochs(self, rollout: Rollout, update: Callable[[], dict]) -> dict:
-        """cfg.ppo_epochs updates; the statistics of them all, and how far they moved the policy (policy_kl)."""
+    def updates(self, rollout: Rollout):
+        """cfg.ppo_epochs updates on the rollout, its old (and reference) log-probs computed once before the first;
+        then the step's statistics, how far the policy moved (policy_kl) and its record, printed."""
         cfg, model = self.cfg, self.model
         model.train()         # dropout and gradient checkpointing, where a model has them; generation runs in eval
-        rollout.old_logprobs = rollout.ref_logprobs = None            # a retry after out-of-memory starts anew
         if self.ref_model is not None and cfg.kl_coef > 0:     # every row then has a gradient (its KL): all scored
             rollout.ref_logprobs = torch.zeros(rollout.output_ids.shape, device=rollout.output_ids.device)
-        self.chunks = list(micro_batches(rollout, cfg))          # none when no row has a gradient
-        if rollout.ref_logprobs is not None:                     # the reference's, over the update's own micro-batches
+        self.chunks = list(micro_batch_rows(rollout, cfg))       # train_grpo's micro-batches; none without a gradient
+        if rollout.ref_logprobs is not None:
             with self.ref_model.peft_model.disable_adapter() if hasattr(self.ref_model, "peft_model") else \
                     contextlib.nullcontext():
                 rollout_logprobs(self.ref_model, rollout, cfg, self.chunks, rollout.ref_logprobs)
@@ -1232,22 +1251,19 @@ class UpdateHooks(Hooks):
         self.stats = dict(loss=0.0, clipfrac=0.0, approx_kl=0.0, kl_ref=0.0, grad_norm=0.0, policy_kl=0.0,
                           entropy=None, no_signal=not self.chunks, skipped=0)
         self.entropy_sum, self.entropy_tokens, self.logits = 0.0, 0.0, None
+        self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
         capture = model.register_forward_hook(lambda module, args, output: setattr(self, "logits", output.logits))
         try:
             for self.epoch in range(cfg.ppo_epochs):
-                self.index, begun = 0, getattr(self.optimizer, "updates_begun", 0)
-                try:
-                    result = update()
-                except RuntimeError as e:          # out of memory in optimizer.step(): final, with what it holds
-                    if is_out_of_memory(e) and getattr(self.optimizer, "updates_begun", 0) != begun:
-                        raise optimizer_out_of_memory(model) from None
-                    raise
-                self.stats["skipped"] += not result["stepped"]         # a zero gradient, or one not finite
-                if not (math.isfinite(result["loss"]) and math.isfinite(result["grad_norm"])):
-                    print(f"warning: skipped an update with loss {result['loss']} and grad norm {result['grad_norm']}",
+                self.index, self.loss = 0, 0.0
+                yield rollout
+                self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
+                self.stats["skipped"] += not 0 < rollout.grad_norm < math.inf     # train_grpo steps on no other
+                if not (math.isfinite(self.loss) and math.isfinite(rollout.grad_norm)):
+                    print(f"warning: skipped an update with loss {self.loss} and grad norm {rollout.grad_norm}",
                           file=sys.stderr)
-                self.stats["loss"] += result["loss"] / cfg.ppo_epochs
-                self.stats["grad_norm"] += result["grad_norm"] / cfg.ppo_epochs
+                self.stats["loss"] += self.loss / cfg.ppo_epochs
+                self.stats["grad_norm"] += rollout.grad_norm / cfg.ppo_epochs
         finally:
             capture.remove()
         if self.chunks:           # KL(before || after) on the first micro-batch's tokens
@@ -1257,13 +1273,19 @@ class UpdateHooks(Hooks):
             self.stats["policy_kl"] = masked_token_mean(moved, rollout.rows(rows, columns).loss_mask).item()
             tokens = float(self.entropy_tokens)            # none: every completion masked out of the loss
             self.stats["entropy"] = float(self.entropy_sum) / tokens if tokens else None
-        return self.stats
+        self.history.append(self.end_step(rollout, self.stats))
+        print(step_line(self.history[-1]))
 
-    def penalty(self, micro: Rollout, logprobs, weight: float):
-        """kl_coef x the k3 KL to the reference, reduced as the loss; and the micro-batch's statistics."""
-        cfg, mask = self.cfg, micro.loss_mask
+    def end_step(self, rollout: Rollout, stats: dict) -> dict:      # the step's record
+        return {"step": len(self.history) + 1, "reward_mean": rollout.rewards.mean().item(),
+                "completion_len_mean": rollout.completion_lengths.float().mean().item(),
+                "truncated_frac": rollout.truncated.float().mean().item(), **stats}
+
+    def penalized(self, micro: Rollout, logprobs, loss):
+        """The micro-batch's loss plus kl_coef x its k3 KL to the reference (reduced as the loss); its statistics."""
+        cfg, mask, weight = self.cfg, micro.loss_mask, self.chunks[self.index][2]
         with torch.no_grad():
-            old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+            old = micro.sampling_logprobs(logprobs)
             for key, value in clip_stats(logprobs, old, mask, cfg.clip_eps, cfg.clip_eps_high).items():
                 self.stats[key] += weight / self.covered * value / cfg.ppo_epochs
             if self.epoch == 0:                # the entropy of the policy sampled from, at the completion's tokens
@@ -1273,11 +1295,12 @@ class UpdateHooks(Hooks):
                     self.entropy_tokens + mask.sum()
                 self.logprobs_before = logprobs.detach() if self.index == 0 else self.logprobs_before
             self.index, self.logits = self.index + 1, None
-        if micro.ref_logprobs is None:
-            return 0.0
-        kl = aggregate(kl_k3(logprobs, micro.ref_logprobs), mask, cfg.loss_agg, cfg.max_new_tokens)
-        self.stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
-        return cfg.kl_coef * kl
+        if micro.ref_logprobs is not None:
+            kl = aggregate(kl_k3(logprobs, micro.ref_logprobs), mask, cfg.loss_agg, cfg.max_new_tokens)
+            self.stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
+            loss = loss + cfg.kl_coef * kl
+        self.loss += weight * loss.item()
+        return loss
 
 
 @dataclass(eq=False, kw_only=True)
@@ -1299,30 +1322,55 @@ class Run(UpdateHooks):
     metrics_file: Any = None          # metrics.jsonl, open while training
     done: int = 0                     # steps taken
 
-    def rollouts(self, loader, num_epochs: int, sample_and_score):
-        """From where the run stands, each step drawing batches until enough groups' rewards differ (DAPO)."""
-        cfg = self.cfg
-        sample = lambda batch: self.retry("generation_batch_size", lambda: sample_and_score(batch))
+    pool: list = field(default_factory=list)   # the step's rollouts drawn so far
+    phase: str = "generation"         # what an out-of-memory error hit: generation or update
+
+    def batches(self, loader, num_epochs: int):
+        """From where the run stands to its last step; a stop asked for is taken before a step's first batch."""
         for epoch, batches in epochs_from(loader, num_epochs, self.start):
-            for index, batch in batches:
-                if cfg.max_steps and self.done >= cfg.max_steps:
-                    return
-                t0 = time.perf_counter()
-                drawn, index = draw_for_signal(sample(batch), index, batches, sample, cfg)
-                self.position, self.timing = (epoch, index + 1), (time.perf_counter() - t0, time.perf_counter())
-                self.sampled = merge_rollouts(drawn, self.tokenizer.pad_token_id or 0)
-                yield groups_with_signal(self.sampled, cfg) if cfg.signal_groups else self.sampled
+            following = next(batches, None)
+            while following is not None:
+                (index, batch), following = following, next(batches, None)
+                if not self.pool:                     # a step begins
+                    if _ctrl_c["asked"]:
+                        raise TrainingInterrupted
+                    if self.cfg.max_steps and self.done >= self.cfg.max_steps:
+                        return
+                    self.t0 = time.perf_counter()
+                check_ctrl_c()                        # after a Ctrl-C Python dropped
+                self.phase, self.position, self.epoch_ends = "generation", (epoch, index + 1), following is None
+                yield batch
+
+    def updates(self, rollout: Rollout):
+        """The step's rollouts pooled until --min-signal-groups groups' rewards differ (DAPO's dynamic sampling; at
+        most --max-draws more batches, or to the epoch's end), then UpdateHooks' updates on them."""
+        cfg = self.cfg
+        self.pool.append(rollout)
+        signal = sum(int(spread(r.rewards, cfg.group_size).sum()) for r in self.pool)
+        if signal < cfg.signal_groups and len(self.pool) <= cfg.max_draws and not self.epoch_ends:
+            return
+        self.sampled, self.pool = merge_rollouts(self.pool, self.tokenizer.pad_token_id or 0), []
+        self.timing, self.phase = (time.perf_counter() - self.t0, time.perf_counter()), "update"
+        yield from super().updates(groups_with_signal(self.sampled, cfg) if cfg.signal_groups else self.sampled)
 
     generation = property(lambda self: {"batch_size": self.cfg.generation_batch_size, "prefill": None if isinstance(
         self.model.generate, CompiledGeneration) and not self.model.generate.failed else prefill_once})   # read anew
 
-    def retry(self, knob: str, fn: Callable):       # after a Ctrl-C Python dropped; on OOM, cfg.<knob> halved
-        check_ctrl_c()
-        return halve_on_oom(self.cfg, knob, fn, self.optimizer)
+    def retry_smaller(self) -> None:
+        """After out-of-memory in a step: the batch of the phase it hit halved, the step taken again from its first
+        batch; final once an optimizer update of the step began (a retry would apply it twice)."""
+        begun = getattr(self.optimizer, "updates_begun", 0)
+        if begun != self.updates_settled and begun != self.updates_at_record:     # in optimizer.step() itself
+            raise optimizer_out_of_memory(self.model)
+        halve(self.cfg, "micro_batch_size" if self.phase == "update" else "generation_batch_size",
+              update_began=begun != self.updates_at_record)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.pool = []
+        if self.last_record:
+            self.start = {key: self.last_record[key] for key in self.start}
 
-
-    def end_step(self, step: int, rollout: Rollout, stats: dict) -> dict:
-        """The schedule; the record, its metrics.jsonl line, then checkpoint, summary, plots; a stop asked for."""
+    def end_step(self, rollout: Rollout, stats: dict) -> dict:
+        """The schedule; the record, its metrics.jsonl line, then checkpoint, summary, plots."""
         cfg, run_dir, lr = self.cfg, self.run_dir, self.optimizer.param_groups[0]["lr"]
         with warnings.catch_warnings():        # counts steps, those without an optimizer step too
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
@@ -1341,8 +1389,6 @@ class Run(UpdateHooks):
         write_json(run_dir / "summary.json", self.summary)
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
             write_plots(run_dir, self.summary)
-        if _ctrl_c["asked"]:
-            raise TrainingInterrupted(record["step"])
         return record
 
     def train(self) -> None:
@@ -1355,8 +1401,15 @@ class Run(UpdateHooks):
         self.metrics_file = open(own_path(self.run_dir / "metrics.jsonl"), "a")
         _ctrl_c.update(training=True, asked=0.0)
         try:
-            train_grpo(self.model, self.tokenizer, self.loader, self.optimizer, self.device, cfg.num_epochs,
-                       cfg.group_size, cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, hooks=self)
+            while True:
+                try:
+                    train_grpo(self.model, self.tokenizer, self.loader, self.optimizer, self.device, cfg.num_epochs,
+                               cfg.group_size, cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, hooks=self)
+                    break
+                except RuntimeError as e:
+                    if not is_out_of_memory(e):
+                        raise
+                    self.retry_smaller()
             checkpoint_now(self)      # still under the stop-after-this-step protection: a stop now loses no step
             if _ctrl_c["asked"]:
                 raise TrainingInterrupted
@@ -1501,7 +1554,8 @@ def evaluate_before(run: Run) -> None:
         same_problems(read_jsonl(run.run_dir / "eval_before.jsonl"), [{"question": q} for q in run.eval_set.questions])
     else:
         print(f"Evaluating the starting model on {len(run.eval_set)} {run.cfg.eval_split} problems...")
-        before, records = evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device, "eval before", run)
+        before, records = halve_on_oom(run.cfg, "eval_batch_size", lambda: evaluate(
+            run.model, run.tokenizer, run.eval_set, run.cfg, run.device, "eval before"))
         write_jsonl(run.run_dir / "eval_before.jsonl", records)
     print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} {run.cfg.eval_split} problems, "
           f"format {before['format_rate']:.0%})")
@@ -1517,7 +1571,8 @@ def score_only(run: Run) -> None:
     cfg = run.cfg
     print(f"Scoring {cfg.model_path} ({cfg.dtype}, {cfg.max_new_tokens} new tokens) on {len(run.eval_set)} "
           f"{cfg.eval_split} problems...")
-    scores, records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval", run)
+    scores, records = halve_on_oom(cfg, "eval_batch_size", lambda: evaluate(run.model, run.tokenizer, run.eval_set,
+                                                                           cfg, run.device, "eval"))
     write_jsonl(run.run_dir / "eval.jsonl", records)
     print(f"Accuracy: {scores['accuracy']:.2%} ({len(records)} {cfg.eval_split} problems, format "
           f"{scores['format_rate']:.0%})")
@@ -1555,7 +1610,8 @@ def finish_run(run: Run) -> None:
     cfg, run_dir = run.cfg, run.run_dir
     print("Training completed!")     # after Run.train's checkpoint: --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
-    after, after_records = evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval after", run)
+    after, after_records = halve_on_oom(cfg, "eval_batch_size", lambda: evaluate(
+        run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval after"), run.optimizer)
     before_records = read_jsonl(run_dir / "eval_before.jsonl")
     paired = flips(before_records, after_records)
     print(f"Accuracy before training: {run.summary['accuracy_before']:.2%}")
@@ -2070,6 +2126,24 @@ class OutOfMemory(Exception):
         self.resume_flags = resume_flags
 
 
+def halve(cfg: Config, knob: str, update_began: bool = False) -> None:
+    """cfg.<knob> halved after out-of-memory, down to its floor; past it, or once an optimizer update began (a retry
+    would apply it twice), OutOfMemory naming the smaller value a resume can take."""
+    torch.cuda.empty_cache()        # a no-op unless CUDA is in use
+    size, flag = getattr(cfg, knob), flag_name(knob)
+    floor = cfg.group_size if knob == "generation_batch_size" else 1
+    halved = max(floor, (size // 2) // floor * floor)
+    smaller = f" {flag} {halved}" if size > floor else ""
+    if update_began:
+        raise OutOfMemory("out of memory after this step's optimizer update began: not retried, which would apply "
+                          "it twice", smaller) from None
+    if not smaller:
+        raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, or start "
+                          f"anew with lower --max-new-tokens, --group-size or --batch-size") from None
+    setattr(cfg, knob, halved)
+    print(f"warning: out of GPU memory; retrying with{smaller}", file=sys.stderr)
+
+
 def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
     """fn(); on out-of-memory, halve cfg.<knob> and retry down to its floor, never once an optimizer step began."""
     begun = getattr(optimizer, "updates_begun", 0)
@@ -2079,19 +2153,7 @@ def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
         except RuntimeError as e:
             if not is_out_of_memory(e):
                 raise
-            torch.cuda.empty_cache()        # a no-op unless CUDA is in use
-            size, flag = getattr(cfg, knob), flag_name(knob)
-            floor = cfg.group_size if knob == "generation_batch_size" else 1
-            halved = max(floor, (size // 2) // floor * floor)
-            smaller = f" {flag} {halved}" if size > floor else ""
-            if getattr(optimizer, "updates_begun", 0) != begun:
-                raise OutOfMemory("out of memory after this step's optimizer update began: not retried, which "
-                                  "would apply it twice", smaller) from None
-            if not smaller:
-                raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, or "
-                                  f"start anew with lower --max-new-tokens, --group-size or --batch-size") from None
-            setattr(cfg, knob, halved)
-            print(f"warning: out of GPU memory; retrying with{smaller}", file=sys.stderr)
+            halve(cfg, knob, getattr(optimizer, "updates_begun", 0) != begun)
 
 
 def contiguous_lm_head_input(model) -> None:
