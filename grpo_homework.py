@@ -63,10 +63,8 @@ class Config:
     micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate exactly)")
     eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
 
-    @property
-    def reward_options(self) -> dict:     # none at the defaults: compute_reward(completions, golds), the template's call
-        return {"format_reward": self.format_reward, "strict_answer": self.strict_answer} if (
-            self.format_reward or self.strict_answer) else {}
+    reward_options = property(lambda c: {"format_reward": c.format_reward, "strict_answer": c.strict_answer} if (
+        c.format_reward or c.strict_answer) else {})      # none at the defaults: the template's compute_reward call
 
 
 # ===== Part 1: dataset =============================================================================================
@@ -92,8 +90,7 @@ def build_prompt(question: str, tokenizer=None, style: str = "plain", instructio
 class GSM8KDataset(Dataset):
     """GSM8K problems as prompts (built by build_prompt) and gold numbers; items are tokenized, unpadded."""
 
-    def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k",
-                 prompt_style="plain"):
+    def __init__(self, split="train", tokenizer=None, max_length=512, *, dataset_path="./gsm8k", prompt_style="plain"):
         import datasets
         # The template's load_dataset(path, "main"); a folder without the hub's README.md has no config "main"
         config = "main" if "main" in datasets.get_dataset_config_names(dataset_path) else None
@@ -115,9 +112,9 @@ class GSM8KDataset(Dataset):
     # ----- TODO 1: tokenize a prompt -----
     def __getitem__(self, idx):
         # A chat template writes any BOS token itself, so the tokenizer adds none to a chat prompt
-        encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.prompt_style != "chat", truncation=True,
-                                 max_length=self.max_length, return_tensors="pt")
-        return {"input_ids": encoded["input_ids"][0], "attention_mask": encoded["attention_mask"][0],
+        encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.prompt_style != "chat", return_tensors="pt")
+        last = slice(-self.max_length, None)     # too long: its start goes, the question's end and answer cue stay
+        return {"input_ids": encoded["input_ids"][0, last], "attention_mask": encoded["attention_mask"][0, last],
                 "prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
 
     @staticmethod
@@ -131,8 +128,7 @@ class GSM8KDataset(Dataset):
 
 
 def collate_prompts(batch: list[dict], tokenizer) -> dict:
-    """Items as one batch under their own keys; prompts left-padded so that every row's completion starts at the same
-    column, as generation requires."""
+    """Items as one batch under their own keys, prompts left-padded (every completion starts at one column)."""
     padded = tokenizer.pad({"input_ids": [b["input_ids"].tolist() for b in batch],
                             "attention_mask": [b["attention_mask"].tolist() for b in batch]},
                            padding_side="left", return_tensors="pt")
@@ -184,10 +180,6 @@ def same_number(pred: float | None, gold: float | None) -> bool:
         pred, gold, rel_tol=1e-9, abs_tol=1e-12))
 
 
-def gsm8k_reward(completion: str, gold: float) -> float:
-    return float(same_number(extract_answer_from_completion(completion), gold))
-
-
 def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, strict_answer=False):
     """1.0 per completion whose final number is the gold, else 0.0; plus `format_reward` if well formed (with
     `strict_answer`, only the well-formed final line's number counts)."""
@@ -195,7 +187,7 @@ def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, stri
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
     finals = [final_line_answer(c) for c in completions]
-    return torch.tensor([float(same_number(final, g) if strict_answer else gsm8k_reward(c, g))
+    return torch.tensor([float(same_number(final if strict_answer else extract_answer_from_completion(c), g))
                          + format_reward * (final is not None) for c, g, final in zip(completions, golds, finals)],
                         dtype=torch.float32)
 
@@ -227,15 +219,6 @@ def masked_mean_drgrpo(tensor, mask, num_tokens):
     return torch.where(mask.bool(), tensor, 0.0).sum() / (num_tokens * tensor.shape[0])
 
 
-def aggregate(tensor, mask, loss_agg="seq-mean", num_tokens=None):
-    """The loss's reduction: seq-mean (the GRPO paper's), drgrpo (Dr. GRPO's), token-mean (DAPO's: all tokens one
-    mean, that is masked_mean of the batch as one row)."""
-    if loss_agg == "drgrpo":
-        return masked_mean_drgrpo(tensor, mask, num_tokens or tensor.shape[-1])
-    return masked_mean(tensor.reshape(1, -1), mask.reshape(1, -1)) if loss_agg == "token-mean" else \
-        masked_mean(tensor, mask)
-
-
 def kl_k3(logprobs, ref_logprobs):
     """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0."""
     logratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)               # exp(20) ~ 5e8 keeps fp32 finite
@@ -246,9 +229,9 @@ def kl_k3(logprobs, ref_logprobs):
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
                         loss_agg="seq-mean", num_tokens=None):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) with
-    ratio = exp(logprobs - old_logprobs) and A the completion's advantage. Default reduction, the template's and the
-    GRPO paper's: the mean over each completion's tokens, then over completions; the runs pass loss_agg="drgrpo"
-    (Dr. GRPO: sum / (num_tokens * rows), so a long answer's tokens weigh as much). clip_eps_high: DAPO's upper edge."""
+    ratio = exp(logprobs - old_logprobs) and A the completion's advantage, reduced over the masked tokens. seq-mean
+    (default, the GRPO paper's): the mean over each completion's tokens, then over completions; drgrpo (Dr. GRPO's,
+    the runs'): their sum / (num_tokens * completions); token-mean (DAPO's): one mean of all. eps_high: DAPO's."""
     mask = loss_mask.bool()                                                    # [batch, seq]
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(mask, logprobs - old_logprobs, 0.0)                # [batch, seq]
@@ -256,7 +239,10 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
     high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv)   # [batch, seq]
-    return aggregate(per_token, mask, loss_agg, num_tokens)
+    if loss_agg == "drgrpo":
+        return masked_mean_drgrpo(per_token, mask, num_tokens or per_token.shape[-1])
+    return masked_mean(per_token.reshape(1, -1), mask.reshape(1, -1)) if loss_agg == "token-mean" else \
+        masked_mean(per_token, mask)
 
 
 # ===== Part 4: training loop: generation, log-probs, the update, train_grpo, evaluation ============================
@@ -269,8 +255,7 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int):
-    """Every knob that shapes the next-token distribution: Qwen2.5-Instruct's generation_config (T 0.7, top_p 0.8,
-    top_k 20, repetition_penalty 1.1) would otherwise make the sampler differ from the loss's softmax(logits / T)."""
+    """Every knob of the next-token distribution: Qwen2.5's own (top_p 0.8, ...) would differ from softmax(logits / T)."""
     from transformers import GenerationConfig
     knobs = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
     if temperature > 0:
@@ -289,6 +274,8 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     config = sampling_config(temperature, max_new_tokens, eos_ids, pad_id)
+    order = attention_mask.argsort(dim=1, stable=True)     # pads first: generate() mis-positions a right-padded row
+    input_ids, attention_mask = input_ids.gather(1, order), attention_mask.gather(1, order)
     prompt_ids = input_ids.repeat_interleave(num_samples, dim=0)             # [rows, prompt]
     prompt_mask = attention_mask.repeat_interleave(num_samples, dim=0)
     (rows, prompt_length), batch_size = prompt_ids.shape, batch_size or len(prompt_ids)
@@ -340,8 +327,7 @@ class Rollout:
 
     @classmethod
     def of(cls, sample: dict, rewards, advantages, mask_truncated: bool = False) -> "Rollout":
-        """generate_completions' sample with its rewards and advantages; mask_truncated drops cut completions. A
-        sampler returning only output_ids, completions and prompt_length has every completion column trained."""
+        """A sample with its rewards and advantages (a sampler's three keys suffice: every completion column trains)."""
         ids, start = sample["output_ids"], sample["prompt_length"]
         completion_columns = (torch.arange(ids.shape[1], device=ids.device) >= start).expand_as(ids)     # [rows, seq]
         truncated = sample.get("truncated", torch.zeros(len(ids), dtype=torch.bool, device=ids.device))   # [rows]
@@ -359,9 +345,8 @@ class Rollout:
         return Rollout(**{name: select(value) for name, value in vars(self).items()})
 
     def sampling_logprobs(self, logprobs):
-        """The log-probs the samples were drawn with: a run's, saved before its PPO epochs; else these, detached (the
-        policy has not moved since sampling: ratio 1, so the clip cuts nothing and the loss is about 0, its gradient
-        the advantage-weighted log-likelihood's)."""
+        """The log-probs sampled with: a run's saved ones (PPO epochs); else these, detached: ratio 1, so the clip cuts
+        nothing and the loss is about 0, its gradient the advantage-weighted log-likelihood's."""
         return logprobs.detach() if self.old_logprobs is None else self.old_logprobs
 
 
@@ -394,22 +379,20 @@ def micro_batch_rows(rollout: Rollout, cfg: Config):
         yield rows, int(used.any(0).nonzero()[-1]) + 1, share
 
 
-def micro_batches(rollout: Rollout, cfg: Config):
-    """The rollout as micro-batches (Rollouts of micro_batch_size rows) with their share of the loss: memory."""
+def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_batch_size rows, with their shares
     return ((rollout.rows(rows, columns), share) for rows, columns, share in micro_batch_rows(rollout, cfg))
 
 
 def step_line(record: dict) -> str:
-    """What a step printed: its samples' mean reward and length, the share cut at the token budget, and the gradient's
-    norm (the loss is left out: at one update a batch the ratio is 1 and the clipped loss about 0, whatever is learnt)."""
+    """A step's line: mean reward and length, share cut at the budget, gradient norm (not the loss: about 0, see
+    Rollout.sampling_logprobs)."""
     return (f"step {record['step']}: mean reward {record['reward_mean']:.3f}, length {record['completion_len_mean']:.0f}"
             f" tokens ({record['truncated_frac']:.0%} cut at the budget), grad norm {record['grad_norm']:.3g}")
 
 
 class Hooks:
-    """The one seam between train_grpo and a real run; these are the plain loop. Below the banner UpdateHooks adds PPO
-    epochs, a KL penalty and statistics, and Run resumes, pools batches until enough groups' rewards differ, retries a
-    step smaller after out-of-memory, records and checkpoints."""
+    """The one seam between train_grpo and a real run, as the plain loop. Below the banner UpdateHooks adds PPO epochs,
+    a KL penalty and statistics; Run pools batches until groups' rewards differ, resumes, retries, records."""
     generation = {}       # generate_completions' options (a run's: its batch size, a prompt's KV cache once a group)
 
     def __init__(self):
@@ -418,13 +401,11 @@ class Hooks:
     def batches(self, loader, num_epochs: int):
         for _ in range(num_epochs):
             for batch in loader:
-                if not isinstance(batch, dict):
-                    raise TypeError(f"train_loader gave a {type(batch).__name__}: a batch is a dict of input_ids, "
-                                    f"attention_mask and answer (collate_prompts, or torch's default collate)")
+                if not isinstance(batch, dict):      # a collate_fn that keeps the list of items
+                    raise TypeError(f"train_loader gave a {type(batch).__name__}, not a batch dict: use collate_prompts")
                 yield batch
 
-    def updates(self, rollout: Rollout):
-        """The rollouts the policy is updated on: this one, once; then the step's record, printed."""
+    def updates(self, rollout: Rollout):        # the rollouts to update on: this one, once; then the step's record
         yield rollout
         self.history.append({"step": len(self.history) + 1, "reward_mean": rollout.rewards.mean().item(),
                              "completion_len_mean": rollout.completion_lengths.float().mean().item(),
@@ -436,18 +417,15 @@ class Hooks:
 
 
 def loop_config(cfg: Config | None, hooks: Hooks | None, num_epochs, group_size, clip_eps, max_new_tokens) -> Config:
-    """train_grpo's settings: Config's defaults with the template's arguments, or `cfg` where they agree with it. A
-    config with a run's settings (PPO epochs, KL penalty, steps, signal) needs the hooks that honour them."""
+    """Config's defaults with the template's arguments, or `cfg` if they agree; a run's config only with its hooks."""
     given = {"num_epochs": num_epochs, "group_size": group_size, "clip_eps": clip_eps, "max_new_tokens": max_new_tokens}
-    if cfg is None:
-        return Config(**given)
     if clash := [f"{name}={value} (cfg.{name} = {getattr(cfg, name)})" for name, value in given.items()
-                 if getattr(cfg, name) != value]:
+                 if cfg is not None and getattr(cfg, name) != value]:
         raise ValueError(f"train_grpo: {', '.join(clash)}: pass cfg's values, or leave cfg out")
-    if hooks is None and type(cfg) is not Config:
+    if hooks is None and cfg is not None and type(cfg) is not Config:
         raise ValueError(f"train_grpo: a {type(cfg).__name__} holds settings only a run's hooks honour (PPO epochs, "
                          f"KL penalty, step limit, signal filling): pass hooks=UpdateHooks(...) or a plain Config")
-    return cfg
+    return cfg or Config(**given)
 
 
 # ----- TODO 5: the GRPO training loop -----
@@ -469,6 +447,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                              advantage_eps=cfg.advantage_eps)
         # 4. The update: log-probs, clipped loss and backward pass micro-batch by micro-batch, then one clipped step
         for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg.mask_truncated)):   # a run: PPO epochs
+            optimizer.zero_grad()
             for micro, share in micro_batches(rollout, cfg):               # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
@@ -476,11 +455,9 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                            cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
                                            num_tokens=cfg.max_new_tokens)
                 (share * hooks.penalized(micro, logprobs, loss)).backward()
-            rollout.grad_norm = torch.nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"],
-                                                               cfg.max_grad_norm).item()
+            rollout.grad_norm = torch.nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], cfg.max_grad_norm).item()
             if 0 < rollout.grad_norm < math.inf:       # a zero gradient would still move AdamW's weights; NaN: skipped
                 optimizer.step()
-            optimizer.zero_grad()                      # the gradients' memory, back for the next generation
     return hooks.history
 
 
@@ -497,7 +474,7 @@ def evaluate(model, tokenizer, dataset: GSM8KDataset, cfg: Config, device, desc=
                                                            out["completion_lengths"].tolist(), out["truncated"]):
             records.append({"question": question, "gold": gold, "completion": completion, "tokens": tokens,
                             "truncated": bool(cut), "extracted": extract_answer_from_completion(completion),
-                            "correct": gsm8k_reward(completion, gold) == 1.0,
+                            "correct": same_number(extract_answer_from_completion(completion), gold),
                             "well_formed": final_line_answer(completion) is not None})
     n = max(len(records), 1)
     return ({"accuracy": sum(r["correct"] for r in records) / n,
@@ -510,15 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python grpo_homework.py MODEL_PATH [flags]` or --demo/--resume/--report; any failure: one line, exit 2."""
     with ctrl_c_latch():            # Ctrl-C, SIGTERM, SIGHUP: the first one stops training after its step
         try:
-            cfg, args = parse_config(argv)
-            if args.report:
-                redraw_report(Path(args.report))
-            elif args.demo:
-                run_demo(cfg)
-            else:
-                validate_config(cfg)
-                with claimed_run_dir(Path(cfg.output_dir), resume=bool(args.resume), model_path=cfg.model_path):
-                    run_phases(cfg, Path(cfg.output_dir), resume=bool(args.resume))
+            run_command(*parse_config(argv))     # the homework run: load, evaluate, train_grpo, evaluate, save
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -825,6 +794,17 @@ def ctrl_c_latch():
 
 # ----- The run's phases and set-up, as main (Part 5) calls them: device, model, data, schedule; its failures -----
 
+def run_command(cfg: RunConfig, args: argparse.Namespace) -> None:
+    """--report, --demo, or a run (new, resumed or --eval-only) in its claimed folder."""
+    if args.report:
+        return redraw_report(Path(args.report))
+    if args.demo:
+        return run_demo(cfg)
+    validate_config(cfg)
+    with claimed_run_dir(Path(cfg.output_dir), resume=bool(args.resume), model_path=cfg.model_path):
+        run_phases(cfg, Path(cfg.output_dir), resume=bool(args.resume))
+
+
 def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
     """The template's main in phases: set up; evaluate; train (Run.train: train_grpo, the run as hooks); evaluate.
     Each leaves a folder --resume continues from: Ctrl-C or a failure anywhere ends in one line saying how."""
@@ -1000,17 +980,6 @@ def build_optimizer(params, lr, seed=0, weight_decay=0.0):
 
 
 # ----- A step filled with signal (DAPO's dynamic sampling), from where a resumed run stands -----
-
-def epochs_from(loader, num_epochs: int, start: dict):
-    """(epoch, iterator of (index, batch)) from where a resumed run stopped: its epoch, less the batches it used."""
-    for epoch in range(start["epoch"], num_epochs):
-        if hasattr(sampler := getattr(loader, "sampler", None), "set_epoch"):   # the run's sampler: a new
-            sampler.set_epoch(epoch)                                            # order each epoch, the same on resume
-        batches = enumerate(loader)
-        if epoch == start["epoch"]:
-            batches = itertools.islice(batches, start["batch_in_epoch"], None)
-        yield epoch, batches
-
 
 def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
@@ -1190,6 +1159,14 @@ def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=No
             "approx_kl": masked_token_mean((ratio - 1.0) - logratio, mask).item()}
 
 
+def aggregate(tensor, mask, loss_agg="seq-mean", num_tokens=None):
+    """A per-token tensor reduced as compute_policy_loss reduces the loss (the KL penalty's)."""
+    if loss_agg == "drgrpo":
+        return masked_mean_drgrpo(tensor, mask, num_tokens or tensor.shape[-1])
+    return masked_mean(tensor.reshape(1, -1), mask.reshape(1, -1)) if loss_agg == "token-mean" else \
+        masked_mean(tensor, mask)
+
+
 def masked_token_mean(tensor, mask):
     """Sum over masked entries / number of masked entries."""
     return torch.where(mask.bool(), tensor, 0.0).sum() / mask.bool().sum().clamp(min=1)
@@ -1257,6 +1234,7 @@ class UpdateHooks(Hooks):
             for self.epoch in range(cfg.ppo_epochs):
                 self.index, self.loss = 0, 0.0
                 yield rollout
+                self.optimizer.zero_grad(set_to_none=True)        # the gradients' memory, back for generation
                 self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
                 self.stats["skipped"] += not 0 < rollout.grad_norm < math.inf     # train_grpo steps on no other
                 if not (math.isfinite(self.loss) and math.isfinite(rollout.grad_norm)):
@@ -1321,13 +1299,16 @@ class Run(UpdateHooks):
     saved_step: int | None = None     # the step of the newest checkpoint on disk
     metrics_file: Any = None          # metrics.jsonl, open while training
     done: int = 0                     # steps taken
-
     pool: list = field(default_factory=list)   # the step's rollouts drawn so far
     phase: str = "generation"         # what an out-of-memory error hit: generation or update
 
     def batches(self, loader, num_epochs: int):
-        """From where the run stands to its last step; a stop asked for is taken before a step's first batch."""
-        for epoch, batches in epochs_from(loader, num_epochs, self.start):
+        """From where the run stands (its epoch, less the batches used) to its last step, each epoch in the order its
+        sampler gives for (seed, epoch), as on a resume; a stop asked for is taken before a step's first batch."""
+        for epoch in range(self.start["epoch"], num_epochs):
+            loader.sampler.set_epoch(epoch)
+            batches = itertools.islice(enumerate(loader), self.start["batch_in_epoch"] if epoch == self.start["epoch"]
+                                       else 0, None)
             following = next(batches, None)
             while following is not None:
                 (index, batch), following = following, next(batches, None)
@@ -1385,8 +1366,7 @@ class Run(UpdateHooks):
         if cfg.save_every and record["step"] % cfg.save_every == 0:
             checkpoint_now(self)
         self.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - self.t_start)
-        note_generation_fallback(self, f"step {record['step']}")
-        write_json(run_dir / "summary.json", self.summary)
+        save_summary(self, f"step {record['step']}")
         if cfg.plot_every and record["step"] % cfg.plot_every == 0:
             write_plots(run_dir, self.summary)
         return record
@@ -1562,8 +1542,7 @@ def evaluate_before(run: Run) -> None:
     run.summary = {"accuracy_before": before["accuracy"], "before": before, "steps": run.start["step"],
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": False,
                    **{k: run.summary[k] for k in ("earlier_ends", "generation_fallback") if k in run.summary}}
-    note_generation_fallback(run, "the evaluation before training")
-    write_json(run.run_dir / "summary.json", run.summary)
+    save_summary(run, "the evaluation before training")
 
 
 def score_only(run: Run) -> None:
@@ -1581,14 +1560,14 @@ def score_only(run: Run) -> None:
                               "problems": f"{cfg.eval_split} " + number_ranges(cfg.eval_start + i
                                                                                for i in run.eval_set.rows)},
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": True}
-    note_generation_fallback(run, "the evaluation")
-    write_json(run.run_dir / "summary.json", run.summary)
+    save_summary(run, "the evaluation")
 
 
-def note_generation_fallback(run: Run, where: str) -> None:
-    """summary.json: where compiled generation fell back to the dynamic KV cache, and why (the first time)."""
+def save_summary(run: Run, where: str) -> None:
+    """summary.json, saying where compiled generation fell back to the dynamic KV cache and why (the first time)."""
     if (failed := getattr(run.model.generate, "failed", False)) and "generation_fallback" not in run.summary:
         run.summary["generation_fallback"] = {"at": where, "error": failed, "from then on": "dynamic cache"}
+    write_json(run.run_dir / "summary.json", run.summary)
 
 
 def number_ranges(numbers) -> str:
@@ -1624,11 +1603,10 @@ def finish_run(run: Run) -> None:
     run.summary.update(accuracy_after=after["accuracy"], after=after, **paired, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
-    note_generation_fallback(run, "the final evaluation")
     write_jsonl(run_dir / "eval_after.jsonl", after_records)
     write_plots(run_dir, run.summary)
     write_before_after(run_dir)
-    write_json(run_dir / "summary.json", run.summary)      # finished only now: a Ctrl-C before resumes
+    save_summary(run, "the final evaluation")      # finished only now: a Ctrl-C before resumes
     print(f"Run written to {run_dir}")
 
 
@@ -2344,6 +2322,10 @@ class TaskDataset(GSM8KDataset):
         self.questions, self.answers, self.rows = task.problems(dataset_path, split)
         self.prompts = [build_prompt(q, tokenizer, prompt_style, task.instruction) for q in self.questions]
         self.tokenizer, self.max_length, self.prompt_style = tokenizer, max_length, prompt_style
+
+    def __getitem__(self, idx):          # a Ctrl-C Python dropped (in a finalizer) is raised again, item by item
+        check_ctrl_c()
+        return super().__getitem__(idx)
 
 
 HASH_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "

@@ -104,7 +104,7 @@ def rescored(results: dict) -> dict:
     """`results` with every greedy record's correct and well_formed, and every sampled reward, read again."""
     for row in results["greedy"].values():
         for r in row["records"]:
-            r.update(correct=gh.gsm8k_reward(r["completion"], r["gold"]) == 1.0,
+            r.update(correct=gh.compute_reward([r["completion"]], [r["gold"]]).item() == 1.0,
                      well_formed=(gh.final_line_answer(r["completion"]) is not None))
         n = len(row["records"])
         row.update(lenient=sum(r["correct"] for r in row["records"]) / n,

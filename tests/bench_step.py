@@ -2,7 +2,7 @@
 
 Previous: generate prefills every row's prompt (8 times per group), and a step whose groups all got equal
 rewards still runs forward and backward for an exactly-zero gradient. Today: generation prefills each prompt once
-per group (prefill_once), and rows without signal run no pass (micro_batches leaves them out).
+per group (prefill_once), and rows without signal run no pass (micro_batch_rows leaves them out).
 
 Each step samples one rollout as train_grpo does (sampled_rollout) both ways from the same seed, timing each,
 then times on today's rollout, from the same weights: the no-grad log-prob pass that the old policy
@@ -40,7 +40,7 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
 
 
 def every_row(rollout, cfg):
-    """micro_batches less its filter: every row runs, at its share of the loss."""
+    """micro_batch_rows less its filter: every row runs, at its share of the loss."""
     rows_all, tokens = len(rollout.completions), rollout.loss_mask.sum().item()
     for start in range(0, rows_all, cfg.micro_batch_size):
         rows = torch.arange(start, min(start + cfg.micro_batch_size, rows_all))
@@ -51,7 +51,7 @@ def every_row(rollout, cfg):
 def previous_path():
     """Generation, log-prob pass and update as they were: one prompt per row, and every row runs."""
     return {"prefill_once": lambda *args: {},           # no shared cache: generate() prefills each row itself
-            "micro_batches": every_row}
+            "micro_batch_rows": every_row}
 
 
 def sampled_rollout(model, tokenizer, batch, cfg, device) -> gh.Rollout:
@@ -97,7 +97,7 @@ def measure(model, optimizer, rollout, cfg, patches) -> dict:
     try:
         with patched(patches):
             every = dataclasses.replace(rollout, ref_logprobs=rollout.output_ids)   # every row, as for a reference
-            chunks = list(gh.micro_batches(every, cfg))
+            chunks = list(gh.micro_batch_rows(every, cfg))
             out = {"log-probs, no grad (old policy / reference)": timed(lambda: gh.rollout_logprobs(model, rollout,
                                                                                                  cfg, chunks)),
                "update, every group with spread": timed(lambda: update_once(model, optimizer, spread, cfg))}

@@ -29,14 +29,20 @@ def pytest_configure(config):
     for spec in OUR_DEPRECATIONS.split(","):
         config.addinivalue_line("filterwarnings", spec)
 
-def update_once(model, optimizer, rollout, cfg, ref_model=None) -> dict:
-    """train_grpo's step 4 on a rollout made here, as a run takes it (the UpdateHooks of its seam): the record of
-    the step, with the update's statistics."""
-    class OneRollout(gh.UpdateHooks):
-        def rollouts(self, loader, num_epochs, sample_and_score):
-            yield rollout
-    return gh.train_grpo(model, None, None, optimizer, None, cfg=cfg,
-                         hooks=OneRollout(cfg, optimizer, ref_model, model=model))[0]
+def update_once(model, optimizer, rollout, cfg, ref_model=None, hooks=None) -> dict:
+    """train_grpo's step on a rollout made here, as a run takes it (UpdateHooks, or `hooks`): its sampling, reward,
+    advantages and Rollout.of hand back the rollout's own, so train_grpo's body runs the update on it. The step's
+    record, with the update's statistics."""
+    from unittest import mock
+    batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
+             "answer": [0.0]}
+    hooks = hooks or gh.UpdateHooks(cfg, optimizer, ref_model, model=model)
+    with mock.patch.object(gh, "generate_completions", lambda *a, **k: {"completions": rollout.completions}), \
+            mock.patch.object(gh, "compute_reward", lambda *a, **k: rollout.rewards), \
+            mock.patch.object(gh, "compute_advantages_grpo", lambda *a, **k: rollout.advantages), \
+            mock.patch.object(gh.Rollout, "of", lambda *a, **k: rollout):
+        return gh.train_grpo(model, None, [batch], optimizer, "cpu", cfg.num_epochs, cfg.group_size, cfg.clip_eps,
+                             cfg.max_new_tokens, cfg=cfg, hooks=hooks)[0]
 
 
 # Hand-written, GSM8K style: reasoning, then '#### <number>' (one with a thousands separator).

@@ -268,12 +268,46 @@ def test_out_of_memory_in_the_optimizer_step_is_final_not_retried(model_and_toke
         raise error
     monkeypatch.setattr(optimizer, "step", step_that_runs_out)
     with pytest.raises(gh.UserError) as caught:
-        gh.halve_on_oom(cfg, "micro_batch_size", lambda: update_once(model, optimizer, rollout, cfg))
+        update_retrying_smaller(model, optimizer, rollout, cfg)
     message = str(caught.value)
     assert steps == [1] and cfg.micro_batch_size == 4
     assert "optimizer step" in message and "AdamW moments" in message and "--lora-rank 16" in message
     assert "--max-new-tokens" not in message
     assert all(state["step"] == 1 for state in optimizer.state.values())
+
+
+def update_retrying_smaller(model, optimizer, rollout, cfg):
+    """A run's step on `rollout`, retried after out-of-memory as Run.train retries it (Run.retry_smaller)."""
+    import types
+    hooks = gh.UpdateHooks(cfg, optimizer, model=model)
+    run = types.SimpleNamespace(optimizer=optimizer, updates_at_record=0, model=model, cfg=cfg, phase="update",
+                                pool=[], last_record=None, start={})
+    while True:
+        try:
+            return update_once(model, optimizer, rollout, cfg, hooks=hooks)
+        except RuntimeError as e:
+            if not gh.is_out_of_memory(e):
+                raise
+            run.updates_settled = hooks.updates_settled
+            gh.Run.retry_smaller(run)
+
+
+def test_a_step_that_runs_out_of_memory_in_its_update_is_retried_with_half_the_micro_batch(model_and_tokenizer,
+                                                                                            monkeypatch):
+    from test_grpo import _rollout
+    model, tok = model_and_tokenizer
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=6, micro_batch_size=4)
+    rollout, real, sizes = _rollout(model, tok, cfg), gh.compute_logprobs_from_model, []
+
+    def logprobs(model, input_ids, *args, **kwargs):
+        if torch.is_grad_enabled():
+            sizes.append(len(input_ids))
+            if len(input_ids) > 1:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(model, input_ids, *args, **kwargs)
+    monkeypatch.setattr(gh, "compute_logprobs_from_model", logprobs)
+    record = update_retrying_smaller(model, gh.build_optimizer(model.parameters(), lr=1e-3), rollout, cfg)
+    assert sizes[:3] == [4, 2, 1] and cfg.micro_batch_size == 1 and record["skipped"] == 0
 
 
 @pytest.mark.parametrize("ppo_epochs, fails_in", [(2, "epoch 2's forward"), (1, "the policy_kl pass after the step")])
@@ -295,27 +329,27 @@ def test_out_of_memory_after_an_optimizer_step_is_not_retried(model_and_tokenize
         return real(*args, **kwargs)
     monkeypatch.setattr(gh, "compute_logprobs_from_model", logprobs)
     with pytest.raises(gh.OutOfMemory, match="not retried") as caught:
-        gh.halve_on_oom(cfg, "micro_batch_size", lambda: update_once(model, optimizer, rollout, cfg), optimizer)
+        update_retrying_smaller(model, optimizer, rollout, cfg)
     assert all(state["step"] == 1 for state in optimizer.state.values()), fails_in
     assert cfg.micro_batch_size == 4 and caught.value.resume_flags == " --micro-batch-size 2"
 
 
 def test_out_of_memory_at_the_smallest_batch_mid_run_names_the_checkpoint_and_a_resume_that_works(
         model_dir, gsm8k_dir, tmp_path, capsys, monkeypatch):
-    out, real, calls = tmp_path / "run", gh.UpdateHooks.epochs, []
+    out, real, calls = tmp_path / "run", gh.UpdateHooks.updates, []
 
-    def update(*args, **kwargs):                             # each try of step 4 begins with its epochs
+    def update(self, rollout):                               # each try of step 4 begins with its updates
         calls.append(1)
         if len(calls) > 1:                                   # step 2 on: every micro-batch size runs out
             raise torch.OutOfMemoryError("CUDA out of memory")
-        return real(*args, **kwargs)
-    monkeypatch.setattr(gh.UpdateHooks, "epochs", update)
+        yield from real(self, rollout)
+    monkeypatch.setattr(gh.UpdateHooks, "updates", update)
     assert gh.main([str(a) for a in tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "3")]) == 2
     assert len(calls) == 3                                   # step 1, then --micro-batch-size 3 -> 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "out of memory even at --micro-batch-size 1" in last, last
     assert f"--resume {out} (from checkpoints/step-1)" in last, last
-    monkeypatch.setattr(gh.UpdateHooks, "epochs", real)   # the resume the line names runs, on a device with room
+    monkeypatch.setattr(gh.UpdateHooks, "updates", real)   # the resume the line names runs, on a device with room
     assert gh.main(["--resume", str(out)]) == 0
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
@@ -433,10 +467,8 @@ def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer,
     monkeypatch.setattr(model, "generate", generate)
     dataset = gh.GSM8KDataset("train", tok, dataset_path=str(gsm8k_dir))
     cfg = gh.RunConfig(eval_batch_size=8, max_new_tokens=3)
-    import types
-    run = types.SimpleNamespace(cfg=cfg, optimizer=None)          # what Run.retry reads: the run's halving
-    hooks = types.SimpleNamespace(retry=lambda knob, fn: gh.Run.retry(run, knob, fn))
-    scores, records = gh.evaluate(model, tok, dataset, cfg, torch.device("cpu"), hooks=hooks)
+    scores, records = gh.halve_on_oom(cfg, "eval_batch_size", lambda: gh.evaluate(   # as a run's evaluations
+        model, tok, dataset, cfg, torch.device("cpu")))
     assert len(records) == 8 and cfg.eval_batch_size == 2
 
 
@@ -454,10 +486,10 @@ def test_min_signal_groups_draws_batches_until_enough_groups_have_spread_and_upd
     def reward(completions, golds, **kwargs):
         return torch.tensor([float(g % 2 == 0 and i % 4 == 0) for i, g in enumerate(golds)])
     updated = []
-    real_epochs = gh.UpdateHooks.epochs
+    real_updates = gh.UpdateHooks.updates
     monkeypatch.setattr(gh, "compute_reward", reward)
-    monkeypatch.setattr(gh.UpdateHooks, "epochs", lambda self, rollout, update: updated.append(
-        rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_epochs(self, rollout, update))
+    monkeypatch.setattr(gh.UpdateHooks, "updates", lambda self, rollout: updated.append(
+        rollout.rewards.view(-1, 4)[:, 0].tolist()) or real_updates(self, rollout))
     out = tmp_path / "run"
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--batch-size", str(batch), "--max-steps", "3",
                              "--max-draws", "3", *flags, step_per_batch=False)) == 0

@@ -105,8 +105,7 @@ def sampled_and_updated(monkeypatch, completions: list[str]) -> list:
         "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
         "completions": completions, "completion_lengths": torch.tensor([2, 2])})
     seen = []
-    monkeypatch.setattr(gh, "policy_update", lambda model, optimizer, rollout, cfg, hooks: seen.append(rollout) or {
-        "loss": 0.0, "grad_norm": 0.0})
+    monkeypatch.setattr(gh, "micro_batches", lambda rollout, cfg: seen.append(rollout) or iter(()))
     return seen
 
 
@@ -178,14 +177,14 @@ def test_the_run_drops_long_prompts_with_a_warning_never_cuts_them(gsm8k_dir, to
 
 def test_as_the_template_builds_it_the_class_keeps_every_problem_and_cuts_to_max_length(gsm8k_dir, tokenizer):
     """A grader's test may build the class with a small max_length and index it: every problem stays, its prompt
-    tokens cut to max_length (the tokenizer's own truncation), the mask as long."""
+    tokens cut to their last max_length (#100: the question's end and the answer cue stay), the mask as long."""
     lengths = [len(tokenizer(gh.PLAIN_PROMPT.format(question=p["question"]))["input_ids"]) for p in PROBLEMS]
     limit = sorted(lengths)[3]
     ds = gh.GSM8KDataset("train", tokenizer, max_length=limit, dataset_path=str(gsm8k_dir))
     assert len(ds) == len(PROBLEMS) and sum(n > limit for n in lengths) > 0
     for i, n in enumerate(lengths):
         ids = tokenizer(ds[i]["prompt"])["input_ids"]
-        assert ds[i]["input_ids"].tolist() == ids[:limit] and ds[i]["attention_mask"].tolist() == [1] * min(n, limit)
+        assert ds[i]["input_ids"].tolist() == ids[-limit:] and ds[i]["attention_mask"].tolist() == [1] * min(n, limit)
 
 
 def test_collate_left_pads_with_the_tokenizer(gsm8k_dir, tokenizer):

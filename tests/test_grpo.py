@@ -289,7 +289,7 @@ def test_logprobs_of_grouped_left_padded_rows_match_the_per_row_formula_on_other
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 def test_logprobs_of_unpadded_or_right_padded_rows_equal_the_plain_call_at_every_position(model_and_tokenizer, arch):
     """Rows with no left padding (a grader's right-padded batch, or attention_mask None) are scored by the model's
-    own positions: equal, at every position, pads included, to log_softmax of model(input_ids, attention_mask)."""
+    own positions: equal, at every real token, to log_softmax of model(input_ids, attention_mask)."""
     import transformers
     model = model_and_tokenizer[0] if arch == "qwen2" else \
         transformers.AutoModelForCausalLM.from_config(ARCHITECTURES[arch](transformers)).eval()
@@ -302,7 +302,9 @@ def test_logprobs_of_unpadded_or_right_padded_rows_equal_the_plain_call_at_every
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=m).logits.float() / 0.7
         want = torch.nn.functional.pad(logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0], (1, 0))
-        torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-5)
+        real = torch.ones_like(ids, dtype=torch.bool) if m is None else m.bool()
+        torch.testing.assert_close(got.detach()[real], want[real], rtol=0, atol=1e-5)
+
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])           # bf16: the GPU job's weights
 def test_logprobs_equal_the_handout_formula_in_value_and_gradient(model_dir, dtype):
@@ -774,13 +776,13 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
 
     rows_run, ours = update()
 
-    def every_row(rollout, cfg):                  # micro_batches less its filter: every row runs, at its share
+    def every_row(rollout, cfg):                  # micro_batch_rows less its filter: every row runs, at its share
         rows_all, tokens = len(rollout.completions), rollout.loss_mask.sum().item()
         for start in range(0, rows_all, cfg.micro_batch_size):
             rows = torch.arange(start, min(start + cfg.micro_batch_size, rows_all))
             yield rows, rollout.output_ids.shape[1], rollout.loss_mask[rows].sum().item() / tokens \
                 if cfg.loss_agg == "token-mean" else len(rows) / rows_all
-    monkeypatch.setattr(gh, "micro_batches", every_row)
+    monkeypatch.setattr(gh, "micro_batch_rows", every_row)
     rows_every, reference = update()
     assert (rows_run, rows_every) == (8, 12)
     assert any(not torch.equal(p, s) for p, s in zip(ours, start))

@@ -75,6 +75,20 @@ def test_scorer_logprobs_equal_the_samplers_on_real_weights_with_left_padding(sm
     torch.testing.assert_close(handout[valid], scored[valid], rtol=0, atol=5e-5)
 
 
+def test_a_right_padded_batch_samples_and_scores_as_its_left_padded_self(smollm2):
+    """#99: a right-padded loader's rows were sampled with generate()'s positions for right padding (3 nats from
+    what TODO 4 then scored on SmolLM2); the sampler now puts the pads first, so both paddings give the same rows."""
+    model, tokenizer = smollm2
+    questions = ["Question: Tom has 3 apples and buys 4 more. How many apples?\nAnswer:", "Question: 2 + 2?\nAnswer:"]
+    out = {}
+    for side in ("left", "right"):
+        batch = tokenizer(questions, padding=True, padding_side=side, return_tensors="pt")
+        out[side] = gh.generate_completions(model, tokenizer, batch["input_ids"], batch["attention_mask"], 12, 0.0, 1)
+    assert out["left"]["completions"] == out["right"]["completions"]
+    assert torch.equal(out["left"]["output_ids"], out["right"]["output_ids"])
+    assert torch.equal(out["left"]["attention_mask"], out["right"]["attention_mask"])
+
+
 def test_under_lora_the_scorer_still_scores_what_the_sampler_sampled(smollm2):
     """peft's adapters sit in the body's linear layers, which generate and the scorer both run."""
     pytest.importorskip("peft")

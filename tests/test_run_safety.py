@@ -472,9 +472,9 @@ def test_report_never_writes_through_a_symlink_and_names_damage(run_copy, tmp_pa
     assert code == 2 and "not a regular file" in err and outside.read_text() == "mine"
 
     (run_copy / "before_after.md").unlink()
-    (run_copy / "before_after.md.tmp").mkdir()
+    (run_copy / "before_after.md.tmp").mkdir()           # not this run's: drawn elsewhere first, it stays untouched
     code, err = main_err(["--report", run_copy], capsys)
-    assert code == 2 and "before_after.md.tmp is not a regular file" in err
+    assert code == 0 and (run_copy / "before_after.md.tmp").is_dir() and (run_copy / "before_after.md").is_file()
     (run_copy / "before_after.md.tmp").rmdir()
 
     shutil.rmtree(run_copy / "plots")
@@ -1470,7 +1470,7 @@ def test_eval_only_refuses_flags_that_do_nothing_there(model_dir, gsm8k_dir, tmp
     ("#### 5.0000001", 5, False)])
 def test_answers_are_graded_exactly_and_integers_get_no_tolerance(completion, gold, right):
     assert gh.compute_reward([completion], [gold]).tolist() == [float(right)]
-    assert (gh.gsm8k_reward(completion, gold) == 1.0) is right
+    assert (gh.compute_reward([completion], [gold]).item() == 1.0) is right
 
 
 def test_strict_answers_read_the_number_of_the_well_formed_final_line():
