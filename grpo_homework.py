@@ -28,6 +28,7 @@ for _name in STOP_SIGNALS if __name__ == "__main__" else ():   # a stop while to
                                                             file=sys.stderr), os._exit(2)))
 import torch
 import torch.nn.functional as F
+from torch.nn.utils import clip_grad_norm_
 from torch.utils.data import DataLoader, Dataset
 
 
@@ -255,7 +256,7 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def sampling_config(temperature: float, max_new_tokens: int, eos_ids: list[int], pad_id: int):
-    """Every knob of the next-token distribution: Qwen2.5's own (top_p 0.8, ...) would differ from softmax(logits / T)."""
+    """Every knob of the sampling distribution: Qwen2.5's own (top_p 0.8, ...) would differ from softmax(logits/T)."""
     from transformers import GenerationConfig
     knobs = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
     if temperature > 0:
@@ -331,7 +332,7 @@ class Rollout:
         ids, start = sample["output_ids"], sample["prompt_length"]
         completion_columns = (torch.arange(ids.shape[1], device=ids.device) >= start).expand_as(ids)     # [rows, seq]
         truncated = sample.get("truncated", torch.zeros(len(ids), dtype=torch.bool, device=ids.device))   # [rows]
-        loss_mask = sample.get("completion_mask", completion_columns).bool() & ~(truncated.unsqueeze(1) & mask_truncated)
+        loss_mask = sample.get("completion_mask", completion_columns).bool() & ~(truncated[:, None] & mask_truncated)
         return cls(ids, sample.get("attention_mask", torch.ones_like(ids)), loss_mask, start, sample["completions"],
                    rewards, advantages, truncated.cpu(), sample.get("completion_lengths", loss_mask.sum(1)).cpu())
 
@@ -383,16 +384,15 @@ def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_b
     return ((rollout.rows(rows, columns), share) for rows, columns, share in micro_batch_rows(rollout, cfg))
 
 
-def step_line(record: dict) -> str:
+def step_line(r: dict) -> str:
     """A step's line: mean reward and length, share cut at the budget, gradient norm (not the loss: about 0, see
     Rollout.sampling_logprobs)."""
-    return (f"step {record['step']}: mean reward {record['reward_mean']:.3f}, length {record['completion_len_mean']:.0f}"
-            f" tokens ({record['truncated_frac']:.0%} cut at the budget), grad norm {record['grad_norm']:.3g}")
+    return (f"step {r['step']}: mean reward {r['reward_mean']:.3f}, length {r['completion_len_mean']:.0f} tokens "
+            f"({r['truncated_frac']:.0%} cut at the budget), grad norm {r['grad_norm']:.3g}")
 
 
 class Hooks:
-    """The one seam between train_grpo and a real run, as the plain loop. Below the banner UpdateHooks adds PPO epochs,
-    a KL penalty and statistics; Run pools batches until groups' rewards differ, resumes, retries, records."""
+    """The seam between train_grpo and a run, as the plain loop; UpdateHooks and Run (below the banner) extend it."""
     generation = {}       # generate_completions' options (a run's: its batch size, a prompt's KV cache once a group)
 
     def __init__(self):
@@ -402,7 +402,7 @@ class Hooks:
         for _ in range(num_epochs):
             for batch in loader:
                 if not isinstance(batch, dict):      # a collate_fn that keeps the list of items
-                    raise TypeError(f"train_loader gave a {type(batch).__name__}, not a batch dict: use collate_prompts")
+                    raise TypeError(f"train_loader gave a {type(batch).__name__}, not a batch dict (collate_prompts)")
                 yield batch
 
     def updates(self, rollout: Rollout):        # the rollouts to update on: this one, once; then the step's record
@@ -451,11 +451,11 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
             for micro, share in micro_batches(rollout, cfg):               # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
-                loss = compute_policy_loss(logprobs, micro.sampling_logprobs(logprobs), micro.advantages, micro.loss_mask,
-                                           cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_agg=cfg.loss_agg,
-                                           num_tokens=cfg.max_new_tokens)
+                loss = compute_policy_loss(logprobs, micro.sampling_logprobs(logprobs), micro.advantages,
+                                           micro.loss_mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+                                           loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens)
                 (share * hooks.penalized(micro, logprobs, loss)).backward()
-            rollout.grad_norm = torch.nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], cfg.max_grad_norm).item()
+            rollout.grad_norm = clip_grad_norm_(optimizer.param_groups[0]["params"], cfg.max_grad_norm).item()
             if 0 < rollout.grad_norm < math.inf:       # a zero gradient would still move AdamW's weights; NaN: skipped
                 optimizer.step()
     return hooks.history
@@ -1098,8 +1098,8 @@ def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
 class CompiledGeneration:
     """model.generate with transformers' static KV cache, its decoding step compiled by torch.compile, shapes held
     fixed so that a run compiles a few times, not every step: prompts left-padded to a multiple of `width`, rows to
-    the next power of two or of `sizes()` (copies of the last row; fewer than twice the rows), both cut off again. A failure to compile: one line, and the
-    dynamic cache from then on. `everywhere`: compile on a CPU too (transformers compiles on accelerators only)."""
+    the next power of two or of `sizes()` (copies of the last row: fewer than twice the rows), both cut off again. A
+    failure to compile: one line, and the dynamic cache from then on. `everywhere`: compile on a CPU too."""
 
     def __init__(self, model, sizes: Callable[[], tuple], width: int = 128, everywhere: bool = False,
                  compile_config=None):
@@ -1427,7 +1427,8 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
     before = run.summary.get("before")           # null, {}, "31%" are lost scores as much as a missing key
     lost = [name for name in ("summary.json", "eval_before.jsonl") if not (run_dir / name).exists()] + ([] if (
-        isinstance(before, dict) and type(before.get("accuracy")) in (int, float)) else ["summary.json's scores before"])
+        isinstance(before, dict) and type(before.get("accuracy")) in (int, float)) else
+        ["summary.json's scores before"])
     if checkpoint and lost:       # scoring now would score the trained checkpoint as "the starting model"
         raise UserError(f"--resume {run_dir}: its {lost[0]} is missing, so the starting model's scores are lost and "
                         f"cannot be taken from a trained checkpoint: put it back, or start a new run")
