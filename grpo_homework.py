@@ -1425,10 +1425,9 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     inputs = checked_inputs(run, earlier.get("inputs", {}),
                             reads_model=not checkpoint or cfg.kl_coef > 0 or cfg.lora_rank > 0)
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
-    before = run.summary.get("before")           # null, {}, "31%" are lost scores as much as a missing key
-    scored = isinstance(before, dict) and type(before.get("accuracy")) in (int, float)
-    lost = [name for name in ("summary.json", "eval_before.jsonl") if not (run_dir / name).exists()] + (
-        [] if scored else ["summary.json's scores before"])
+    before, files = run.summary.get("before"), ("summary.json", "eval_before.jsonl")   # null, {}, "31%": lost too
+    lost = [name for name in files if not (run_dir / name).exists()] + ([] if isinstance(before, dict) and type(
+        before.get("accuracy")) in (int, float) else ["summary.json's scores before"])
     if checkpoint and lost:       # scoring now would score the trained checkpoint as "the starting model"
         raise UserError(f"--resume {run_dir}: its {lost[0]} is missing, so the starting model's scores are lost and "
                         f"cannot be taken from a trained checkpoint: put it back, or start a new run")
