@@ -64,8 +64,10 @@ class Config:
     micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate exactly)")
     eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
 
-    reward_options = property(lambda c: {"format_reward": c.format_reward, "strict_answer": c.strict_answer} if (
-        c.format_reward or c.strict_answer) else {})      # none at the defaults: the template's compute_reward call
+    @property
+    def reward_options(self) -> dict:       # none at the defaults: the template's compute_reward(completions, golds)
+        return {"format_reward": self.format_reward, "strict_answer": self.strict_answer} if (
+            self.format_reward or self.strict_answer) else {}
 
 
 # ===== Part 1: dataset =============================================================================================
@@ -233,17 +235,17 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     ratio = exp(logprobs - old_logprobs) and A the completion's advantage, reduced over the masked tokens. seq-mean
     (default, the GRPO paper's): the mean over each completion's tokens, then over completions; drgrpo (Dr. GRPO's,
     the runs'): their sum / (num_tokens * completions); token-mean (DAPO's): one mean of all. eps_high: DAPO's."""
-    mask = loss_mask.bool()                                                    # [batch, seq]
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
-    logratio = torch.where(mask, logprobs - old_logprobs, 0.0)                # [batch, seq]
+    logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
     high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv)   # [batch, seq]
     if loss_agg == "drgrpo":
-        return masked_mean_drgrpo(per_token, mask, num_tokens or per_token.shape[-1])
-    return masked_mean(per_token.reshape(1, -1), mask.reshape(1, -1)) if loss_agg == "token-mean" else \
-        masked_mean(per_token, mask)
+        return masked_mean_drgrpo(per_token, loss_mask, num_tokens or per_token.shape[-1])
+    if loss_agg == "token-mean":                         # one mean over every token: the batch as a single row
+        return masked_mean(per_token.reshape(1, -1), loss_mask.reshape(1, -1))
+    return masked_mean(per_token, loss_mask)
 
 
 # ===== Part 4: training loop: generation, log-probs, the update, train_grpo, evaluation ============================
@@ -345,17 +347,12 @@ class Rollout:
             return [value[i] for i in rows.tolist()] if isinstance(value, list) else value    # prompt_length stays
         return Rollout(**{name: select(value) for name, value in vars(self).items()})
 
-    def sampling_logprobs(self, logprobs):
-        """The log-probs sampled with: a run's saved ones (PPO epochs); else these, detached: ratio 1, so the clip cuts
-        nothing and the loss is about 0, its gradient the advantage-weighted log-likelihood's."""
-        return logprobs.detach() if self.old_logprobs is None else self.old_logprobs
-
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
     """[batch, seq] with entry [b, t] = log p(input_ids[b, t] | input_ids[b, :t]) under softmax(logits / T), the
-    distribution the sampler drew from; 0 at column 0 and before prompt_length. A padded row is given the positions
-    generate() gave it, counting real tokens only (the default counts every column)."""
+    distribution the sampler drew from; 0 at column 0 and before prompt_length. A padded row's positions count its
+    real tokens only, as generate() counts them (the model's default, the column index, would count padding)."""
     start = min(max(1, prompt_length or 0), input_ids.shape[1])                  # the first column scored
     padded = attention_mask is not None and not bool(attention_mask.all())      # left or right: as generate() counts
     positions = {"position_ids": (attention_mask.long().cumsum(-1) - 1).clamp(min=0)} if padded else {}
@@ -385,8 +382,8 @@ def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_b
 
 
 def step_line(r: dict) -> str:
-    """A step's line: mean reward and length, share cut at the budget, gradient norm (not the loss: about 0, see
-    Rollout.sampling_logprobs)."""
+    """A step's line: mean reward and length, share cut at the budget, gradient norm (not the loss: at ratio 1 it only
+    averages the advantages over tokens, near 0 whatever is learnt; its gradient is what trains)."""
     return (f"step {r['step']}: mean reward {r['reward_mean']:.3f}, length {r['completion_len_mean']:.0f} tokens "
             f"({r['truncated_frac']:.0%} cut at the budget), grad norm {r['grad_norm']:.3g}")
 
@@ -433,7 +430,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                max_new_tokens=256, *, cfg: Config | None = None, hooks: Hooks | None = None):
     """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
     group's (the advantages), (4) take one clipped policy-gradient step; returns each step's record (each printed).
-    cfg holds every setting (without it: Config's defaults and these arguments); hooks: the seam a run plugs into."""
+    cfg: every setting (default Config(): T 0.7, Dr. GRPO's loss reduction, ...); hooks: the seam a run plugs into."""
     cfg, hooks = loop_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
     for batch in hooks.batches(train_loader, cfg.num_epochs):        # a run: from where it stopped, to its last step
         # 1. Sample group_size completions of each prompt from the current policy
@@ -451,11 +448,13 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
             for micro, share in micro_batches(rollout, cfg):               # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
-                loss = compute_policy_loss(logprobs, micro.sampling_logprobs(logprobs), micro.advantages,
-                                           micro.loss_mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
-                                           loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens)
+                loss = compute_policy_loss(   # old log-probs: these, detached (ratio 1), unless a run saved them
+                    logprobs, logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs,
+                    micro.advantages, micro.loss_mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+                    loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens)
                 (share * hooks.penalized(micro, logprobs, loss)).backward()
-            rollout.grad_norm = clip_grad_norm_(optimizer.param_groups[0]["params"], cfg.max_grad_norm).item()
+            rollout.grad_norm = clip_grad_norm_([w for group in optimizer.param_groups for w in group["params"]],
+                                                cfg.max_grad_norm).item()      # every weight the optimizer steps
             if 0 < rollout.grad_norm < math.inf:       # a zero gradient would still move AdamW's weights; NaN: skipped
                 optimizer.step()
     return hooks.history
@@ -1263,7 +1262,7 @@ class UpdateHooks(Hooks):
         """The micro-batch's loss plus kl_coef x its k3 KL to the reference (reduced as the loss); its statistics."""
         cfg, mask, weight = self.cfg, micro.loss_mask, self.chunks[self.index][2]
         with torch.no_grad():
-            old = micro.sampling_logprobs(logprobs)
+            old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
             for key, value in clip_stats(logprobs, old, mask, cfg.clip_eps, cfg.clip_eps_high).items():
                 self.stats[key] += weight / self.covered * value / cfg.ppo_epochs
             if self.epoch == 0:                # the entropy of the policy sampled from, at the completion's tokens
