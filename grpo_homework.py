@@ -232,9 +232,10 @@ def kl_k3(logprobs, ref_logprobs):
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
                         loss_agg="seq-mean", num_tokens=None):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) with
-    ratio = exp(logprobs - old_logprobs) and A the completion's advantage, reduced over the masked tokens. seq-mean
-    (default, the GRPO paper's): the mean over each completion's tokens, then over completions; drgrpo (Dr. GRPO's,
-    the runs'): their sum / (num_tokens * completions); token-mean (DAPO's): one mean of all. eps_high: DAPO's."""
+    ratio = exp(logprobs - old_logprobs) (its log clamped to +-20, for fp32) and A the completion's advantage, reduced
+    over the masked tokens. seq-mean (default, the GRPO paper's): the mean over each completion's tokens, then over
+    completions; drgrpo (Dr. GRPO's, the runs'): their sum / (num_tokens * completions); token-mean (DAPO's): one
+    mean of all. eps_high, DAPO's clip-higher: the upper edge 1 + eps_high (default eps)."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
