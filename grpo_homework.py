@@ -6,7 +6,7 @@ takes a PPO-style clipped step on advantages relative to its group (README.md: t
     python grpo_homework.py --demo               # a tiny model learns addition on a CPU in minutes
     python grpo_homework.py MODEL_PATH           # the homework run: GSM8K in ./gsm8k, one 24 GB GPU
     python grpo_homework.py --resume RUN_DIR     # finish a stopped run, or train a finished one further
-    python grpo_homework.py --report RUN_DIR     # redraw a run's plots and before_after.md
+    python grpo_homework.py --report RUN_DIR     # redraw a run's plots and report_draft.md
 
 The homework (Configuration, Parts 1-4 with TODOs 1-5, Part 5: main) ends at the banner "WHAT SUPPORTS THE RUN"; what
 a real run adds below it reaches train_grpo through Hooks alone.
@@ -383,10 +383,10 @@ def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_b
 
 
 def step_line(r: dict) -> str:
-    """A step's line: mean reward and length, share cut at the budget, gradient norm (not the loss: at ratio 1 it only
-    averages the advantages over tokens, near 0 whatever is learnt; its gradient is what trains)."""
+    """A step's line: what moves (not the loss: at ratio 1 it is near 0 whatever is learnt; its gradient trains)."""
     return (f"step {r['step']}: mean reward {r['reward_mean']:.3f}, length {r['completion_len_mean']:.0f} tokens "
-            f"({r['truncated_frac']:.0%} cut at the budget), grad norm {r['grad_norm']:.3g}")
+            f"({r['truncated_frac']:.0%} cut at the budget), " + (f"grad norm {r['grad_norm']:.3g}" if r["grad_norm"]
+                                                                   else "no update: no group's rewards differed"))
 
 
 class Hooks:
@@ -584,7 +584,7 @@ def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag_name(f.name), type=type(f.default), **kwargs)
     parser.add_argument("--demo", action="store_true", help="build a tiny model and task and run GRPO on CPU")
-    parser.add_argument("--report", metavar="RUN_DIR", help="redraw plots and before_after.md of a run, then exit")
+    parser.add_argument("--report", metavar="RUN_DIR", help="redraw a run's plots and report_draft.md, then exit")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
     return parser
 
@@ -1012,7 +1012,7 @@ def groups_with_signal(rollout: Rollout, cfg: RunConfig) -> Rollout:
 
 RUN_LOCK = "run.lock"
 RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl", "eval.jsonl",
-              "before_after.md", "plots", "checkpoints", "final", "earlier-ends", RUN_LOCK}
+              "before_after.md", "report_draft.md", "plots", "checkpoints", "final", "earlier-ends", RUN_LOCK}
 
 
 def is_run_dir(path: Path) -> bool:
@@ -1401,6 +1401,7 @@ class Run(UpdateHooks):
         except TrainingInterrupted:
             checkpoint_now(self)
             write_plots(self.run_dir, self.summary)
+            write_report_draft(self.run_dir)        # what the run has so far, and what it lacks
             raise KeyboardInterrupt from None
         except Exception:          # a CUDA error, out of memory at the smallest batch: the last finished step's
             # weights are still held unless an optimizer update had begun since
@@ -1489,11 +1490,12 @@ def set_aside_end(run_dir: Path, summary: dict) -> dict:
     folder = own_path(run_dir / "earlier-ends", folder=True) / f"step-{step}"
     own_path(folder, folder=True).mkdir(parents=True, exist_ok=True)
     write_json(folder / "summary.json", summary)
-    for name in ("final", "eval_after.jsonl", "before_after.md"):
+    for name in ("final", "eval_after.jsonl", "before_after.md", "report_draft.md"):
         if (run_dir / name).exists():
             os.replace(own_path(run_dir / name, folder=name == "final"), own_path(folder / name, name == "final"))
     print(f"{run_dir} had finished at step {step}: its final/ and evaluation after moved to {folder}")
-    ended = {k: v for k, v in summary.items() if k not in ("accuracy_after", "after", "gained", "lost", "sign_test_p")}
+    ended = {k: v for k, v in summary.items() if k not in ("accuracy_after", "after", "gained", "lost", "sign_test_p",
+                                                            "difference_95")}
     ended.update(finished=False, earlier_ends=summary.get("earlier_ends", []) + [f"earlier-ends/step-{step}"])
     write_json(run_dir / "summary.json", ended)
     return ended
@@ -1561,6 +1563,7 @@ def score_only(run: Run) -> None:
                                                                                for i in run.eval_set.rows)},
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": True}
     save_summary(run, "the evaluation")
+    write_report_draft(run.run_dir)
 
 
 def save_summary(run: Run, where: str) -> None:
@@ -1593,9 +1596,10 @@ def finish_run(run: Run) -> None:
         run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval after"), run.optimizer)
     before_records = read_jsonl(run_dir / "eval_before.jsonl")
     paired = flips(before_records, after_records)
-    print(f"Accuracy before training: {run.summary['accuracy_before']:.2%}")
-    print(f"Accuracy after training:  {after['accuracy']:.2%} (format {after['format_rate']:.0%}; {paired['gained']} "
-          f"gained, {paired['lost']} lost, sign test p = {paired['sign_test_p']:.2g})")
+    print(f"Accuracy after training: {after['accuracy']:.2%}, before {run.summary['accuracy_before']:.2%} (format "
+          f"{after['format_rate']:.0%}; {paired['gained']} gained, {paired['lost']} lost, sign test p = "
+          f"{paired['sign_test_p']:.2g}; 95% interval {paired['difference_95'][0]:+.1f} to "
+          f"{paired['difference_95'][1]:+.1f} points)")
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(before_records, after_records))[:cfg.show_examples]:
         print(f"\nQ: {b['question']}\n   gold {show_number(b['gold'])} | before: {show(b)} | after: {show(a)}")
@@ -1605,7 +1609,7 @@ def finish_run(run: Run) -> None:
                        wall_seconds=time.perf_counter() - run.t_start)
     write_jsonl(run_dir / "eval_after.jsonl", after_records)
     write_plots(run_dir, run.summary)
-    write_before_after(run_dir)
+    write_report_draft(run_dir)
     save_summary(run, "the final evaluation")      # finished only now: a Ctrl-C before resumes
     print(f"Run written to {run_dir}")
 
@@ -1677,11 +1681,15 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
 
 
 def flips(before: list[dict], after: list[dict]) -> dict:
-    """Two evaluations of the same problems paired: gained, lost, and the exact two-sided sign test over the flips."""
+    """Two evaluations of the same problems paired: gained, lost, the exact two-sided sign test over the flips, and
+    the accuracy difference's 95% interval in points (Wald's for a paired difference d: d +- 1.96 sqrt(((gained +
+    lost) / problems - d^2) / problems))."""
     gained = sum(a["correct"] and not b["correct"] for b, a in zip(before, after))
     lost = sum(b["correct"] and not a["correct"] for b, a in zip(before, after))
-    n, k = gained + lost, min(gained, lost)
-    return {"gained": gained, "lost": lost,
+    n, k, problems = gained + lost, min(gained, lost), max(len(before), 1)
+    d = (gained - lost) / problems
+    half = 1.96 * math.sqrt(max(n / problems - d * d, 0.0) / problems)
+    return {"gained": gained, "lost": lost, "difference_95": [100 * (d - half), 100 * (d + half)],
             "sign_test_p": min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0}
 
 
@@ -1803,17 +1811,14 @@ def load_trainer_state(checkpoint: Path) -> dict:
 # ----- Plots and before/after answers -----
 
 def redraw_report(run_dir: Path) -> None:
-    """--report: plots and before_after.md of a run, drawn again from its records."""
+    """--report: plots and report_draft.md of a run, drawn again from its records."""
     if not is_run_dir(run_dir):
         raise UserError(f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
-    if recorded_config(run_dir).get("eval_only") is True:
-        raise UserError(f"--report {run_dir}: an --eval-only run has no curves nor before/after to draw: its scores "
-                        f"are in eval.jsonl and summary.json")
     lock, staging, drawn, written = None, None, [], []
     try:
         lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
         staging = Path(tempfile.mkdtemp(prefix=".report-", dir=run_dir))   # each file drawn whole, then moved in
-        drawn = write_plots(run_dir, into=staging) + [p for p in [write_before_after(run_dir, into=staging)] if p]
+        drawn = write_plots(run_dir, into=staging) + [write_report_draft(run_dir, into=staging)]
         for path in drawn:
             own_path((target := run_dir / path.relative_to(staging)).parent, folder=True).mkdir(exist_ok=True)
             os.replace(path, own_path(target))
@@ -1831,8 +1836,6 @@ def redraw_report(run_dir: Path) -> None:
             os.close(lock)
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    if not written:
-        raise UserError(f"--report {run_dir}: nothing to draw yet (no training step nor final evaluation recorded)")
     print("\n".join(str(p) for p in written))
 
 
@@ -1910,18 +1913,107 @@ def same_problems(before: list[dict], after: list[dict]) -> None:
                         "on disk?): the accuracies and answers cannot be compared")
 
 
-def write_before_after(run_dir: Path, limit: int = 10, into: Path | None = None) -> Path | None:
-    """Problems whose greedy answer flipped, with both completions side by side."""
-    before, after = read_jsonl(run_dir / "eval_before.jsonl"), read_jsonl(run_dir / "eval_after.jsonl")
-    if not before or not after:
-        return None
-    pairs = list(zip(before, after))
-    same_problems(before, after)
-    lines = ["# Answers before and after training", "",
-             f"Greedy decoding on {len(pairs)} {recorded_config(run_dir).get('eval_split', 'test')} problems: "
-             f"{sum(b['correct'] for b, _ in pairs)} correct before, {sum(a['correct'] for _, a in pairs)} after: "
-             "{gained} gained, {lost} lost (two-sided sign test p = {sign_test_p:.2g}).".format(**flips(before, after)),
-             ""]
+# report_draft.md's first section in plain words, by the settings a run recorded
+ADVANTAGE_WORDS = {"grpo": ("(r - group mean) / (group std + {advantage_eps:g})", "A_i = (r_i - mean of its group) / "
+                            "(std of its group + {advantage_eps:g}), the GRPO paper's"),
+                   "drgrpo": ("r - group mean", "A_i = r_i - mean of its group, not divided by the std (Dr. GRPO)")}
+REDUCTION_WORDS = {"drgrpo": ("sum / (answers x {max_new_tokens})", "summed over every answer token and divided by "
+                              "answers x {max_new_tokens} (the budget): an answer's length does not reweight its "
+                              "tokens (Dr. GRPO)"),
+                   "seq-mean": ("mean per answer, then over answers", "averaged over each answer's tokens, then over "
+                                "answers (the GRPO paper's)"),
+                   "token-mean": ("mean over answer tokens", "averaged over all answer tokens of a micro-batch "
+                                  "(DAPO's)")}
+STEP_COLUMNS = "| step | sampled reward | loss | grad norm | policy moved (KL) | entropy | mean length | share cut |"
+
+
+def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
+    """report_draft.md: the handout's four report sections as far as the run's records hold them, every figure read
+    from config.json, summary.json, metrics.jsonl and eval_*.jsonl; what they lack (a run stopped early) is said."""
+    c = {**dataclasses.asdict(RunConfig()), **recorded_config(run_dir)}      # an older record lacks newer settings
+    summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
+    before = read_jsonl(run_dir / ("eval.jsonl" if c["eval_only"] else "eval_before.jsonl"))
+    after = [] if c["eval_only"] else read_jsonl(run_dir / "eval_after.jsonl")
+    model, budget = Path(c["model_path"]).name, c["max_new_tokens"]
+    accuracy = lambda rows: f"{sum(r['correct'] for r in rows) / len(rows):.1%}" if rows else "not scored"
+    lines = [f"# Report draft: GRPO on {model}", "", "Every figure here is read from this run's records (config.json, "
+             "summary.json, metrics.jsonl, eval_*.jsonl) by grpo_homework.py; your name, ID and reasons are yours.",
+             "", "## Results", ""]
+    if c["eval_only"]:
+        problems = summary.get("scored", {}).get("problems", f"{len(before)} {c['eval_split']}")
+        lines += ["| model | problems | budget | accuracy |", "|---|---|---|---|", f"| {model} ({c['dtype']}) | "
+                  f"{problems} | {budget} | {accuracy(before)} |", "", "An --eval-only scoring, greedy: nothing "
+                  "trained, so there are no hyperparameters, training log or answers before and after."]
+    else:
+        compared = "- | - | -"
+        if before and after:
+            same_problems(before, after)
+            paired = flips(before, after)
+            low, high = paired["difference_95"]
+            compared = f"{100 * (paired['gained'] - paired['lost']) / len(before):+.1f} ({low:+.1f} to {high:+.1f}) " \
+                       f"| {paired['gained']} / {paired['lost']} | {paired['sign_test_p']:.3g}"
+        lines += ["| problems | budget | accuracy before | after | points (95% interval) | gained / lost | p |",
+                  "|---|---|---|---|---|---|---|", f"| {len(before or after)} {c['eval_split']} | {budget} | "
+                  f"{accuracy(before)} | {accuracy(after)} | {compared} |", "", "Greedy answers. Points: accuracy "
+                  "after minus before; the interval is Wald's for a paired difference, d +- 1.96 sqrt(((g + l) / n - "
+                  "d^2) / n) over n problems, g gained (right only after), l lost; p: the two-sided exact sign test "
+                  "over the g + l problems that flipped."]
+        if missing := [f"the evaluation {when} training (eval_{when}.jsonl)" for when, rows in
+                       (("before", before), ("after", after)) if not rows]:
+            lines += ["", f"Missing: {' and '.join(missing)}; the run is at step {summary.get('steps', 0)}: "
+                          f"`python grpo_homework.py --resume {run_dir}` finishes it."]
+        lines += draft_sections(c, summary, read_jsonl(run_dir / "metrics.jsonl", "step"), before, after)
+    replace_file(path := (into or run_dir) / "report_draft.md", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+    return path
+
+
+def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dict], after: list[dict],
+                   limit: int = 10) -> list[str]:
+    """report_draft.md's sections 1-4 for the settings `c`: the method as it ran, the hyperparameters, the log
+    (every Nth step of metrics.jsonl), the answers that flipped (the first `limit` each way, in problem order)."""
+    high, signal_groups = c["clip_eps_high"] if c["clip_eps_high"] >= 0 else c["clip_eps"], RunConfig(
+        min_signal_groups=c["min_signal_groups"], batch_size=c["batch_size"]).signal_groups
+    lines = ["", "## 1. Algorithm and implementation, as this run ran", "",
+             "- Reward: 1 if the answer's final number equals the gold answer, else 0" + (
+                 f", plus {c['format_reward']:g} for a well-formed last line" if c["format_reward"] else "") + (
+                 "; only the last line's number counts" if c["strict_answer"] else "") + ".",
+             f"- Advantage, per group of {c['group_size']} answers to one question: "
+             f"{ADVANTAGE_WORDS[c['advantage']][1].format(**c)}.",
+             f"- Loss per answer token: -min(rho A, clip(rho, {1 - c['clip_eps']:g}, {1 + high:g}) A), rho = "
+             "pi_new(token) / pi_old(token); " + (f"{c['ppo_epochs']} updates per batch on the same answers, pi_old "
+             "their log-probabilities before the first" if c["ppo_epochs"] > 1 else "one update per batch, so rho = "
+             "1 and the clip never acts: a token's gradient is -A times its log-probability's") + (
+                 "; answers cut at the budget left out" if c["mask_truncated"] else "") + ".",
+             f"- Reduction: {REDUCTION_WORDS[c['loss_agg']][1].format(**c)}; " + (
+                 f"plus {c['kl_coef']:g} x the k3 KL divergence to the starting model." if c["kl_coef"] else
+                 "no KL penalty."),
+             f"- Step: {c['batch_size']} questions x {c['group_size']} answers sampled at temperature "
+             f"{c['temperature']:g}, one AdamW step on the gradient clipped at norm {c['max_grad_norm']:g}" + (
+                 f"; up to {c['max_draws']} more batches drawn until {signal_groups} groups' rewards differ"
+                 if signal_groups else "") + "."]
+    settings = {"model": Path(c["model_path"]).name, "dtype": c["dtype"], "weights trained": f"LoRA rank "
+                f"{c['lora_rank']}, alpha {c['lora_alpha']}, {c['lora_targets']}" if c["lora_rank"] else "all",
+                "questions x answers per step": f"{c['batch_size']} x {c['group_size']}",
+                "new tokens at most": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
+                "learning rate; schedule": f"{c['learning_rate']:g}; " + (f"warm-up {c['lr_warmup_steps']} steps, "
+                                           "then " if c["lr_warmup_steps"] else "") + ("linear decay to 0" if
+                                                                                      c["lr_decay"] else "constant"),
+                "clip range": f"{1 - c['clip_eps']:g} to {1 + high:g}", "KL penalty": f"{c['kl_coef']:g}",
+                "loss reduction": REDUCTION_WORDS[c["loss_agg"]][0].format(**c),
+                "advantage": ADVANTAGE_WORDS[c["advantage"]][0].format(**c),
+                "steps run (at most)": f"{summary.get('steps', 0)} ({c['max_steps'] or 'no limit'})", "seed": c["seed"]}
+    lines += ["", "## 2. Training hyperparameters", "", "| setting | value |", "|---|---|",
+              *(f"| {name} | {value} |" for name, value in settings.items()), "", "## 3. Training log", ""]
+    every, show = max(1, len(metrics) // 4), lambda value, form: "-" if value is None else format(value, form)
+    lines += [*(f"![{name}](plots/{name})" for name in ("reward.png", "length.png", "clip_kl.png", "entropy.png")),
+              "", ("Every step" if every == 1 else f"Step 1, each step divisible by {every}, and the last") + ": grad "
+              "norm before clipping; policy moved: mean per-token KL divergence from the policy before the step to "
+              "after it, and entropy per answer token, both in nats; share cut: answers stopped at the budget.", "",
+              STEP_COLUMNS, "|---|---|---|---|---|---|---|---|"] + [
+        f"| {m['step']} | {m['reward_mean']:.3f} | {show(m['loss'], '.4f')} | {show(m['grad_norm'], '.3f')} | "
+        f"{show(m['policy_kl'], '.5f')} | {show(m.get('entropy'), '.3f')} | {m['completion_len_mean']:.0f} | "
+        f"{m['truncated_frac']:.2f} |" for m in metrics if m is metrics[0] or m["step"] % every == 0 or
+        m is metrics[-1]] if metrics else ["No training step is recorded yet."]
 
     def cell(r: dict) -> str:
         text = (r["completion"] or "").strip()
@@ -1929,16 +2021,17 @@ def write_before_after(run_dir: Path, limit: int = 10, into: Path | None = None)
             f"{literal(text[:500])} *(… {len(text) - 1300} characters left out …)* {literal(text[-800:])}")
         return f"{shown} (extracted {show_number(r['extracted'])}, {'right' if r['correct'] else 'wrong'})"
 
-    for title, keep in (("Wrong before, right after", lambda b, a: a["correct"] and not b["correct"]),
-                        ("Right before, wrong after", lambda b, a: b["correct"] and not a["correct"]),
-                        ("Unchanged", lambda b, a: b["correct"] == a["correct"])):
-        chosen = [(b, a) for b, a in pairs if keep(b, a)]
-        lines += [f"## {title} ({len(chosen)})", ""]
+    lines += ["", "## 4. Answers before and after", ""] + ([] if before and after else ["Not yet: this needs both "
+                                                                                        "evaluations (Results)."])
+    for title, flipped in (("Wrong before, right after", lambda b, a: a["correct"] and not b["correct"]),
+                           ("Right before, wrong after", lambda b, a: b["correct"] and not a["correct"])) \
+            if before and after else ():
+        chosen = [(b, a) for b, a in zip(before, after) if flipped(b, a)]
+        lines += [f"### {title}: {len(chosen)}" + (f", the first {limit} shown" if len(chosen) > limit else ""), ""]
         for b, a in chosen[:limit]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
                       "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
-    replace_file(path := (into or run_dir) / "before_after.md", lambda tmp: tmp.write_text("\n".join(lines)))
-    return path
+    return lines
 
 
 # ----- Devices, precision and memory: bf16 with stochastic rounding, out-of-memory, the LM head's input -----

@@ -77,7 +77,7 @@ def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
     for name in ("eval_before.jsonl", "eval_after.jsonl"):
         records = [json.loads(line) for line in (out / name).read_text().splitlines()]
         assert len(records) == 4 and {"question", "gold", "completion", "extracted", "correct"} <= set(records[0])
-    assert (out / "before_after.md").read_text().startswith("# Answers before and after training")
+    assert (out / "report_draft.md").read_text().startswith("# Report draft: GRPO on ")
     assert all((out / "plots" / p).stat().st_size > 1000 for p in ("reward.png", "length.png", "clip_kl.png",
                                                                        "entropy.png"))
 
@@ -89,9 +89,9 @@ def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
     assert torch.isfinite(final(torch.tensor([[1, 2, 3]])).logits).all()
 
     (out / "plots" / "reward.png").unlink()
-    (out / "before_after.md").unlink()
+    (out / "report_draft.md").unlink()
     report = run_cli(["--report", str(out)])
-    assert report.returncode == 0 and (out / "plots" / "reward.png").exists() and (out / "before_after.md").exists()
+    assert report.returncode == 0 and (out / "plots" / "reward.png").exists() and (out / "report_draft.md").exists()
 
 
 def test_help_lists_every_flag_with_its_default():
@@ -530,7 +530,7 @@ def test_validation_problems_are_the_first_of_the_train_split_and_never_trained_
     assert validation == [p["question"] for p in PROBLEMS[:3]]
     assert len(prompts_trained) == 2 * 2 and not any(q in p for q in validation for p in prompts_trained)
     assert all(any(p["question"] in t for p in PROBLEMS[3:]) for t in prompts_trained)
-    assert "Greedy decoding on 3 validation problems: " in (out / "before_after.md").read_text()   # not "test"
+    assert "| 3 validation | 8 |" in (out / "report_draft.md").read_text()   # not "test"
 
 
 @pytest.mark.parametrize("flags, message", [

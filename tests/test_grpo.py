@@ -920,6 +920,17 @@ def test_flips_counts_the_paired_changes_and_their_two_sided_sign_test(gained, l
     assert got["sign_test_p"] == pytest.approx(p, rel=2e-3, abs=0)
 
 
+def test_flips_gives_the_wald_interval_of_the_paired_difference():
+    """Hand-computed: 12 gained, 0 lost of 200: d = 0.06, 1.96 sqrt((0.06 - 0.0036) / 200) = 0.032914, so 2.709 to
+    9.291 points; report.md's 0.5B headline, 155 / 68 of 1,119: +7.8 (+5.2 to +10.4)."""
+    right, wrong = {"correct": True}, {"correct": False}
+    got = gh.flips([right] * 38 + [wrong] * 162, [right] * 50 + [wrong] * 150)["difference_95"]
+    assert got == pytest.approx([2.7086, 9.2914], abs=1e-4)
+    headline = gh.flips([wrong] * 155 + [right] * 68 + [wrong] * 896, [right] * 155 + [wrong] * 68 + [wrong] * 896)
+    assert [round(x, 1) for x in headline["difference_95"]] == [5.2, 10.4]
+    assert gh.flips([], [])["difference_95"] == [0.0, 0.0]
+
+
 # ----- compiled generation (#95): a static KV cache compiled with torch.compile, the CUDA default -----
 
 def counting_compile(compiles: list):

@@ -153,7 +153,7 @@ def test_a_two_step_cli_run_on_real_gsm8k_writes_the_whole_record(smollm2, tmp_p
     for name in ("eval_before.jsonl", "eval_after.jsonl"):
         records = [json.loads(line) for line in (out / name).read_text().splitlines()]
         assert len(records) == 2 and records[0]["question"].startswith("Janet")     # GSM8K test row 0
-    assert (out / "before_after.md").exists() and (out / "plots" / "reward.png").exists()
+    assert (out / "report_draft.md").exists() and (out / "plots" / "reward.png").exists()
     assert (out / "checkpoints" / "step-2" / "trainer_state.safetensors").exists()
     from transformers import AutoTokenizer
     assert AutoTokenizer.from_pretrained(out / "final").eos_token == "<|im_end|>"

@@ -466,16 +466,16 @@ def test_chat_prompts_without_a_chat_template_are_refused(model_dir, gsm8k_dir, 
 def test_report_never_writes_through_a_symlink_and_names_damage(run_copy, tmp_path, capsys):
     outside = tmp_path / "outside.md"
     outside.write_text("mine")
-    (run_copy / "before_after.md").unlink()
-    (run_copy / "before_after.md").symlink_to(outside)
+    (run_copy / "report_draft.md").unlink()
+    (run_copy / "report_draft.md").symlink_to(outside)
     code, err = main_err(["--report", run_copy], capsys)
     assert code == 2 and "not a regular file" in err and outside.read_text() == "mine"
 
-    (run_copy / "before_after.md").unlink()
-    (run_copy / "before_after.md.tmp").mkdir()           # not this run's: drawn elsewhere first, it stays untouched
+    (run_copy / "report_draft.md").unlink()
+    (run_copy / "report_draft.md.tmp").mkdir()           # not this run's: drawn elsewhere first, it stays untouched
     code, err = main_err(["--report", run_copy], capsys)
-    assert code == 0 and (run_copy / "before_after.md.tmp").is_dir() and (run_copy / "before_after.md").is_file()
-    (run_copy / "before_after.md.tmp").rmdir()
+    assert code == 0 and (run_copy / "report_draft.md.tmp").is_dir() and (run_copy / "report_draft.md").is_file()
+    (run_copy / "report_draft.md.tmp").rmdir()
 
     shutil.rmtree(run_copy / "plots")
     (tmp_path / "elsewhere").mkdir()
@@ -533,14 +533,14 @@ def test_an_empty_run_dir_is_refused_not_read_as_no_resume(model_dir, tmp_path, 
 def test_ctrl_c_before_the_record_is_complete_leaves_a_run_that_resume_finishes(model_dir, gsm8k_dir, tmp_path,
                                                                                  capsys, monkeypatch):
     out = tmp_path / "run"
-    real = gh.write_before_after
-    monkeypatch.setattr(gh, "write_before_after", lambda run_dir: (_ for _ in ()).throw(KeyboardInterrupt))
+    real = gh.write_report_draft
+    monkeypatch.setattr(gh, "write_report_draft", lambda run_dir: (_ for _ in ()).throw(KeyboardInterrupt))
     code, err = main_err(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "1"), capsys)
     assert code == 2 and f"--resume {out}" in err
     assert json.loads((out / "summary.json").read_text())["finished"] is False
-    monkeypatch.setattr(gh, "write_before_after", real)
+    monkeypatch.setattr(gh, "write_report_draft", real)
     assert gh.main(["--resume", str(out)]) == 0
-    assert json.loads((out / "summary.json").read_text())["finished"] and (out / "before_after.md").exists()
+    assert json.loads((out / "summary.json").read_text())["finished"] and (out / "report_draft.md").exists()
 
 
 def test_a_failed_first_write_of_the_config_leaves_nothing_behind(model_dir, gsm8k_dir, tmp_path, capsys,
@@ -888,7 +888,7 @@ def test_a_resume_refuses_data_or_a_model_that_changed_and_works_from_another_fo
     record = json.loads((work / "run" / "config.json").read_text())
     assert record["config"]["dataset"] == str(work / "gsm8k") and record["config"]["model_path"] == str(work / "model")
     assert set(record["inputs"]) == {"train", "eval", "model"}
-    # the test rows reordered: before_after.md would pair one problem's answer with another's
+    # the test rows reordered: report_draft.md would pair one problem's answer with another's
     gh.write_hub_dataset(work / "gsm8k", {"train": PROBLEMS, "test": PROBLEMS[:4][::-1]})
     code, err = main_err(["--resume", work / "run", "--max-steps", "2"], capsys)
     assert code == 2 and err == f"error: --resume {work / 'run'}: the evaluation problems of {work / 'gsm8k'} " \
@@ -907,7 +907,7 @@ def test_a_resume_refuses_data_or_a_model_that_changed_and_works_from_another_fo
     assert json.loads((work / "kl" / "summary.json").read_text())["steps"] == 1
 
 
-def test_before_after_never_pairs_records_of_different_problems(run_copy, capsys):
+def test_report_draft_never_pairs_records_of_different_problems(run_copy, capsys):
     records = (run_copy / "eval_after.jsonl").read_text().splitlines()
     (run_copy / "eval_after.jsonl").write_text("\n".join(records[::-1]) + "\n")
     code, err = main_err(["--report", run_copy], capsys)
@@ -972,24 +972,26 @@ def test_a_few_empty_questions_are_dropped_like_bad_golds(capsys):
     assert len(questions) == 199 and "dropped 1 of 200 problems whose question is empty" in capsys.readouterr().err
 
 
-def test_before_after_shows_the_answer_end_escapes_markup_and_prints_whole_golds(tmp_path):
+def test_report_draft_shows_the_answer_end_escapes_markup_and_prints_whole_golds(tmp_path):
     long = "step " * 400 + "so the answer is $<b>18</b>$ \\boxed{18}"
     record = {"question": "Janet's *ducks* cost $2 | $3?", "gold": 18.0, "tokens": 9, "truncated": False,
               "well_formed": True}
     gh.write_jsonl(tmp_path / "eval_before.jsonl", [{**record, "completion": "no idea", "extracted": None,
                                                       "correct": False}])
     gh.write_jsonl(tmp_path / "eval_after.jsonl", [{**record, "completion": long, "extracted": 18.0, "correct": True}])
-    text = gh.write_before_after(tmp_path).read_text()
+    text = gh.write_report_draft(tmp_path).read_text()
     assert " *(… 739 characters left out …)* " in text and "\\\\boxed\\{18\\} (extracted 18, right)" in text
     assert "\\<b\\>18\\<\\/b\\>" in text and "<b>" not in text and "Janet\\'s \\*ducks\\* cost \\$2 \\| \\$3\\?" in text
     assert "**Gold:** 18\n" in text
 
 
-def test_report_on_a_run_stopped_in_its_first_evaluation_says_there_is_nothing_yet(run_copy, capsys):
+def test_report_on_a_run_stopped_in_its_first_evaluation_says_what_is_missing(run_copy, capsys):
     for name in ("metrics.jsonl", "eval_after.jsonl", "eval_before.jsonl"):
         (run_copy / name).unlink()
-    code, err = main_err(["--report", run_copy], capsys)
-    assert code == 2 and "nothing to draw yet" in err
+    assert main_err(["--report", run_copy], capsys)[0] == 0
+    text = (run_copy / "report_draft.md").read_text()
+    assert "Missing: the evaluation before training (eval_before.jsonl) and the evaluation after training" in text
+    assert "No training step is recorded yet." in text and "Not yet: this needs both evaluations" in text
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels")      # the patched plot draws none
@@ -1050,14 +1052,15 @@ def eval_args(model_dir, gsm8k_dir, out, *extra):
 def test_eval_only_scores_a_model_at_its_own_budget_and_trains_nothing(model_dir, gsm8k_dir, tmp_path, capsys):
     """How a saved model (a run's final/, or the starting one) is scored at another --max-new-tokens: one
     evaluation, worded as one and recorded as one; no training problems read, no optimizer; finished, so a resume
-    has nothing to do, and --report has nothing to draw."""
+    has nothing to do; its report draft holds the scoring alone (--report draws it again, and no plot)."""
     out = tmp_path / "score"
     test_only = gh.write_hub_dataset(tmp_path / "test-only", {"test": PROBLEMS[:4]})    # no train split at all
     assert gh.main(eval_args(model_dir, test_only, out, "--max-new-tokens", "5")) == 0
     printed = capsys.readouterr().out
     assert "Setting up optimizer" not in printed and "before training" not in printed and "starting model" not in printed
     assert f"Scoring {model_dir} (float32, 5 new tokens) on 4 test problems..." in printed
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "eval.jsonl", "run.lock", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "eval.jsonl", "report_draft.md", "run.lock",
+                                                     "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] and summary["eval_only"] and "accuracy_before" not in summary
     assert summary["scored"] == {"model": str(model_dir), "dtype": "float32", "max_new_tokens": 5,
@@ -1067,8 +1070,12 @@ def test_eval_only_scores_a_model_at_its_own_budget_and_trains_nothing(model_dir
     assert summary["accuracy"] == sum(r["correct"] for r in records) / 4
     code, err = main_err(["--resume", out], capsys)
     assert code == 2 and "finished (--eval-only: its scores are in eval.jsonl)" in err
-    code, err = main_err(["--report", out], capsys)
-    assert code == 2 and "an --eval-only run has no curves nor before/after to draw" in err
+    draft = (out / "report_draft.md").read_text()
+    assert f"| {model_dir.name} (float32) | test 0-3 | 5 | {summary['accuracy']:.1%} |" in draft
+    assert "nothing trained" in draft and "## 1." not in draft and "## 4." not in draft
+    (out / "report_draft.md").unlink()
+    assert gh.main(["--report", str(out)]) == 0 and (out / "report_draft.md").read_text() == draft
+    assert not (out / "plots").exists()
 
 
 @pytest.mark.parametrize("saved", ["float32", "bfloat16"])
@@ -1300,14 +1307,14 @@ def test_a_finished_run_trained_further_moves_its_earlier_end_aside(run_copy, ca
     monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     code, err = main_err(["--resume", run_copy, "--max-steps", "4"], capsys)
     assert code == 2 and "failed (boom) during training" in err, err
-    assert not any((run_copy / name).exists() for name in ("final", "eval_after.jsonl", "before_after.md"))
+    assert not any((run_copy / name).exists() for name in ("final", "eval_after.jsonl", "report_draft.md"))
     kept = run_copy / "earlier-ends" / "step-2"
     assert (kept / "final" / "model.safetensors").exists() and (kept / "eval_after.jsonl").read_text() == earlier
     assert json.loads((kept / "summary.json").read_text())["finished"] is True
     summary = json.loads((run_copy / "summary.json").read_text())
     assert summary["finished"] is False and "accuracy_after" not in summary and "gained" not in summary
     assert summary["earlier_ends"] == ["earlier-ends/step-2"] and "accuracy_before" in summary
-    assert gh.main(["--report", str(run_copy)]) == 0 and not (run_copy / "before_after.md").exists()
+    assert gh.main(["--report", str(run_copy)]) == 0 and "| - | - | - |" in (run_copy / "report_draft.md").read_text()
     monkeypatch.setattr(gh, "generate_completions", real)
     assert gh.main(["--resume", str(run_copy)]) == 0
     summary = json.loads((run_copy / "summary.json").read_text())
@@ -1685,7 +1692,7 @@ def test_ctrl_c_during_report_replaces_nothing_drawn_so_far(run_copy, capsys, mo
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(gh, "write_before_after", interrupted)
+    monkeypatch.setattr(gh, "write_report_draft", interrupted)
     code, err = main_err(["--report", run_copy], capsys)
     assert code == 2 and "interrupted; nothing was changed" in err, err
     assert {p.name: p.stat().st_ino for p in sorted((run_copy / "plots").iterdir())} == inodes

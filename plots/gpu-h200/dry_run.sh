@@ -47,7 +47,7 @@ STOP_AFTER=1 MAX_STEPS=5 EXTRA="$SMALL" nice bash $H/run.sh; echo "run.sh exit $
 say "its records"; ls -la $OUT; grep -h '"step"' $OUT/metrics.jsonl | cut -c1-160
 python3 -c "import json; c = json.load(open('$OUT/config.json'))
 print('argv', c['argv'][1:], '\nresumes', c['resumes'])"
-head -c 600 $OUT/before_after.md; echo; tar -tf $OUT/plots-and-logs.tar
+head -c 600 $OUT/report_draft.md; echo; tar -tf $OUT/plots-and-logs.tar
 
 say "the model folder against tests/build_qwen_coder.py's way (transformers' GGUF loader) in bf16, bit for bit"
 nice python3 $H/dequant.py $D/src/tiny.gguf $D/tf --transformers 2>&1 | grep -v -i "warn\|Converting\|Loading weights"

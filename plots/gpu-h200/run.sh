@@ -32,7 +32,7 @@ newest_step() { ls -d "$RUN"/checkpoints/step-* 2>/dev/null | sed 's/.*step-//' 
 
 records() {     # at most 8 files back: 6 records, this log, and a tar of the plots and the homework's own logs
     say "records to $OUT"
-    for f in metrics.jsonl summary.json config.json eval_before.jsonl eval_after.jsonl before_after.md; do
+    for f in metrics.jsonl summary.json config.json eval_before.jsonl eval_after.jsonl report_draft.md; do
         [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
     done
     tar -cf "$OUT/plots-and-logs.tar" -C "$G" $(cd "$G" && ls -d run/plots homework-*.log resume-*.log 2>/dev/null)

@@ -1,0 +1,155 @@
+"""report_draft.md: every figure a run's draft shows, rebuilt here from its records by other routes (loops, the
+binomial sum written out, the paired differences' variance), on a tiny run and on the project's real runs."""
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+import grpo_homework as gh
+from conftest import ROOT
+from test_cli import tiny_args
+
+REAL_RUNS = {"0.5B": ROOT / "plots" / "qwen-gsm8k-b256" / "rerun", "1.5B": ROOT / "plots" / "qwen-1.5b-run" / "run"}
+
+
+def rows(text: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table under `header` (its first line), header and rule left out."""
+    lines = text.splitlines()
+    start = lines.index(header) + 2
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("| "):
+            break
+        table.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return table
+
+
+def records(run_dir: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line.strip()]
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """Two-sided exact sign test, the binomial tail summed term by term."""
+    n, k = gained + lost, min(gained, lost)
+    tail = sum(math.factorial(n) // (math.factorial(i) * math.factorial(n - i)) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail) if n else 1.0
+
+
+def check_against_records(run_dir: Path, text: str) -> None:
+    """Results, hyperparameters, the step table and the answers' sections of `text`, rebuilt from run_dir's records."""
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    before, after = records(run_dir, "eval_before.jsonl"), records(run_dir, "eval_after.jsonl")
+    n = len(before)
+    diffs = [int(a["correct"]) - int(b["correct"]) for b, a in zip(before, after)]
+    gained, lost = diffs.count(1), diffs.count(-1)
+    d, half = statistics.fmean(diffs), 1.96 * math.sqrt(statistics.pvariance(diffs) / n)
+    [result] = rows(text, "| problems | budget | accuracy before | after | points (95% interval) | gained / lost | p |")
+    assert result == [f"{n} {config['eval_split']}", str(config["max_new_tokens"]),
+                      f"{sum(r['correct'] for r in before) / n:.1%}", f"{sum(r['correct'] for r in after) / n:.1%}",
+                      f"{100 * d:+.1f} ({100 * (d - half):+.1f} to {100 * (d + half):+.1f})", f"{gained} / {lost}",
+                      f"{sign_test(gained, lost):.3g}"]
+
+    settings = dict(rows(text, "| setting | value |"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert settings["model"] == Path(config["model_path"]).name and settings["dtype"] == config["dtype"]
+    assert settings["questions x answers per step"] == f"{config['batch_size']} x {config['group_size']}"
+    assert settings["new tokens at most"] == str(config["max_new_tokens"])
+    assert float(settings["temperature"]) == config["temperature"]
+    assert float(settings["learning rate; schedule"].split(";")[0]) == config["learning_rate"]
+    assert settings["clip range"] == f"{1 - config['clip_eps']:g} to {1 + config['clip_eps']:g}"
+    assert float(settings["KL penalty"]) == config["kl_coef"] and settings["seed"] == str(config["seed"])
+    assert settings["loss reduction"] == {"drgrpo": f"sum / (answers x {config['max_new_tokens']})",
+                                          "seq-mean": "mean per answer, then over answers",
+                                          "token-mean": "mean over answer tokens"}[config["loss_agg"]]
+    assert settings["advantage"] == {"grpo": f"(r - group mean) / (group std + {config['advantage_eps']:g})",
+                                     "drgrpo": "r - group mean"}[config["advantage"]]
+    assert settings["steps run (at most)"] == f"{summary['steps']} ({config['max_steps']})"
+    assert settings["weights trained"] == (f"LoRA rank {config['lora_rank']}, alpha {config['lora_alpha']}, "
+                                           f"{config['lora_targets']}" if config.get("lora_rank") else "all")
+
+    metrics = records(run_dir, "metrics.jsonl")
+    shown = rows(text, gh.STEP_COLUMNS)
+    every = max(1, len(metrics) // 4)
+    assert [int(r[0]) for r in shown] == sorted({1, len(metrics), *range(every, len(metrics) + 1, every)})
+    for row in shown:
+        m = metrics[int(row[0]) - 1]
+        for cell, key, digits in zip(row[1:], ("reward_mean", "loss", "grad_norm", "policy_kl", "entropy",
+                                               "completion_len_mean", "truncated_frac"), (3, 4, 3, 5, 3, 0, 2)):
+            half_unit = 0.5 * 10 ** -digits + 1e-12          # the shown value rounds the record's
+            assert cell == "-" if m[key] is None else abs(float(cell) - m[key]) <= half_unit, (key, cell)
+
+    for title, count in (("Wrong before, right after", gained), ("Right before, wrong after", lost)):
+        heading = next(line for line in text.splitlines() if line.startswith(f"### {title}: "))
+        assert heading == f"### {title}: {count}" + (", the first 10 shown" if count > 10 else "")
+    shown_gold = [line for line in text.splitlines() if line.startswith("**Gold:** ")]
+    flipped = [b for b, a in zip(before, after) if b["correct"] != a["correct"]]
+    assert len(shown_gold) == min(gained, 10) + min(lost, 10) <= len(flipped)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(model_dir, gsm8k_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("draft") / "run"
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "4", "--kl-coef", "0.05",
+                             "--plot-every", "0")) == 0
+    return out
+
+
+def test_a_finished_runs_draft_is_its_records_and_report_draws_it_again_the_same(tiny_run, tmp_path):
+    text = (tiny_run / "report_draft.md").read_text()
+    check_against_records(tiny_run, text)
+    assert "plus 0.05 x the k3 KL divergence to the starting model" in text and "(Dr. GRPO)" in text
+    assert [line for line in text.splitlines() if line.startswith("![")] == [
+        f"![{name}](plots/{name})" for name in ("reward.png", "length.png", "clip_kl.png", "entropy.png")]
+    assert all((tiny_run / "plots" / name).is_file() for name in ("reward.png", "entropy.png"))
+    assert gh.write_report_draft(tiny_run, into=tmp_path).read_text() == text
+
+
+def test_the_drafts_of_the_projects_runs_hold_its_reported_figures(tmp_path):
+    """Hand-checked: the 0.5B's own evaluation (test 0-199 at 256 tokens) and the 1.5B's (validation 0-49)."""
+    drafts = {}
+    for name, run_dir in REAL_RUNS.items():
+        (tmp_path / name).mkdir()
+        drafts[name] = gh.write_report_draft(run_dir, into=tmp_path / name).read_text()
+        check_against_records(run_dir, drafts[name])
+    assert "| 200 test | 256 | 19.0% | 25.0% | +6.0 (+0.3 to +11.7) | 23 / 11 | 0.0576 |" in drafts["0.5B"]
+    assert "| 50 validation | 384 | 54.0% | 72.0% | +18.0 (+7.4 to +28.6) | 9 / 0 | 0.00391 |" in drafts["1.5B"]
+
+
+def test_report_md_shows_the_drafts_tables_so_the_two_cannot_disagree(tmp_path):
+    """report.md's hyperparameter table is the two drafts' side by side; its step tables are theirs, row for row."""
+    report = (ROOT / "report.md").read_text()
+    drafts = {}
+    for name, run_dir in REAL_RUNS.items():
+        (tmp_path / name).mkdir()
+        drafts[name] = gh.write_report_draft(run_dir, into=tmp_path / name).read_text()
+        steps = [line for line in drafts[name].splitlines() if line.startswith("| ") and line[2].isdigit()][1:]
+        assert steps and all(line in report for line in steps), name
+    small, large = (dict(rows(drafts[name], "| setting | value |")) for name in REAL_RUNS)
+    assert small.keys() == large.keys()
+    for setting in small:
+        assert f"| {setting} | {small[setting]} | {large[setting]} |" in report, setting
+
+
+def test_a_stopped_run_writes_what_it_has_and_says_what_is_missing(model_dir, gsm8k_dir, tmp_path, monkeypatch,
+                                                                   capsys):
+    """Ctrl-C in step 1 stops after it: the draft has the evaluation before, step 1, and names what is missing."""
+    out = tmp_path / "run"
+    real = gh.compute_reward
+
+    def pressed_once(*args, **kwargs):
+        gh._ctrl_c["asked"] = gh._ctrl_c["asked"] or time.monotonic()
+        return real(*args, **kwargs)
+    monkeypatch.setattr(gh, "compute_reward", pressed_once)
+    assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "3")) == 2
+    assert f"--resume {out}" in capsys.readouterr().err
+    text = (out / "report_draft.md").read_text()
+    assert f"Missing: the evaluation after training (eval_after.jsonl); the run is at step 1: " \
+           f"`python grpo_homework.py --resume {out}` finishes it." in text
+    assert [r[0] for r in rows(text, gh.STEP_COLUMNS)] == ["1"] and "Not yet: this needs both evaluations" in text
+    [result] = rows(text, "| problems | budget | accuracy before | after | points (95% interval) | gained / lost | p |")
+    before = records(out, "eval_before.jsonl")
+    assert result[2] == f"{sum(r['correct'] for r in before) / len(before):.1%}" and result[3:] == ["not scored", "-",
+                                                                                                   "-", "-"]
