@@ -632,8 +632,7 @@ def validate_config(cfg: RunConfig) -> None:
     require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1")
     if cfg.lora_rank:
         import importlib.util
-        require(importlib.util.find_spec("peft") is not None, "--lora-rank needs peft, which is not installed: "
-                                                              "pip install peft")
+        require(importlib.util.find_spec("peft"), "--lora-rank needs peft, which is not installed: pip install peft")
         require(cfg.lora_alpha > 0 and cfg.lora_targets.strip(", ") != "", "--lora-alpha must be positive and "
                                                                             "--lora-targets name layers")
     require(cfg.learning_rate * cfg.weight_decay < 1, "--weight-decay times --learning-rate must stay below 1")
@@ -725,10 +724,9 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     cfg = dataclasses.replace(base, **{"dataset": absolute_if_local(base.dataset), **explicit})
     if cfg.eval_only and (unused := sorted(set(explicit) - EVAL_ONLY_FLAGS)):
         raise UserError(f"{', '.join(map(flag_name, unused))} would do nothing with --eval-only, which trains nothing")
-    if cfg.eval_only and cfg.eval_split == "test" and "val_size" in explicit:
-        raise UserError("--val-size would do nothing with --eval-only on the test split (it holds out train problems "
-                        "for --eval-split validation)")
-    idle = {("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
+    idle = {("val_size",): cfg.eval_only and cfg.eval_split == "test" and
+            "with --eval-only on the test split (it holds out train problems for --eval-split validation)",
+            ("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
             ("clip_eps", "clip_eps_high"): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 (the "
                                                                    "clip acts from --ppo-epochs 2 on)",
             ("advantage_eps",): cfg.advantage == "drgrpo" and "with --advantage drgrpo (no division by the std)",
@@ -878,13 +876,12 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
                         collate_fn=lambda b: collate_prompts(b, tokenizer))
 
     print("Setting up optimizer...")
-    if not any(p.requires_grad for p in model.parameters()):       # AdamW: "empty parameter list"
+    if not (trained := [p for p in model.parameters() if p.requires_grad]):      # AdamW: "empty parameter list"
         raise UserError(f"MODEL_PATH {cfg.model_path}: no weight of the model would train" + (
             " (it holds adapter_config.json, so transformers loads it as a LoRA adapter on a frozen base: merge the "
             "adapter into the weights, or remove adapter_config.json)"
             if (Path(cfg.model_path) / "adapter_config.json").exists() else ""))
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.seed,
-                                cfg.weight_decay)
+    optimizer = build_optimizer(trained, cfg.learning_rate, cfg.seed, cfg.weight_decay)
     decay_end = last_step(cfg, loader) if cfg.lr_decay else 0    # --max-steps, or sooner the data's end
     if cfg.lr_decay and decay_end <= cfg.lr_warmup_steps:
         raise UserError(f"--lr-decay: the run ends after {decay_end} steps, within --lr-warmup-steps "
@@ -915,8 +912,7 @@ def failure_message(error: BaseException, phase: str, cfg: RunConfig, run_dir: P
     cause = "interrupted" if isinstance(error, KeyboardInterrupt) else f"failed ({first_line(error)})"
     again = isinstance(error, (KeyboardInterrupt, OSError))    # worth repeating; any other failure would recur
     if phase == "loading" and not (run_dir / "config.json").exists():
-        return UserError(f"{cause} while loading; nothing was kept" + (", so run the same command again" if again
-                                                                       else ""))
+        return UserError(f"{cause} while loading; nothing was kept{', so run the same command again' if again else ''}")
     if phase == "training" and "probability tensor contains" in str(error):      # torch.multinomial on NaN or inf
         return UserError(f"the policy diverged during training (its next-token probabilities hold NaN or inf), and "
                          f"a resume would fail the same way: start a new run with a lower --learning-rate (now "
@@ -1001,11 +997,9 @@ def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 def groups_with_signal(rollout: Rollout, cfg: RunConfig) -> Rollout:
     """The update's --batch-size groups (or --min-signal-groups, if more), those whose rewards differ first."""
-    has = spread(rollout.rewards, cfg.group_size)
-    keep = max(cfg.signal_groups, cfg.batch_size)
-    groups = torch.cat([has.nonzero(), (~has).nonzero()]).squeeze(1)[:keep].sort().values
-    rows = (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1)
-    return rollout.rows(rows)
+    first = torch.argsort(~spread(rollout.rewards, cfg.group_size), stable=True)    # with signal first, in order
+    groups = first[:max(cfg.signal_groups, cfg.batch_size)].sort().values
+    return rollout.rows((groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1))
 
 
 # ----- The run folder: claimed before any work, written only by this run, resumable after any phase -----
@@ -1026,9 +1020,8 @@ def is_run_dir(path: Path) -> bool:
 
 def foreign_entries(run_dir: Path, own: set[str] = frozenset({RUN_LOCK})) -> list[str]:
     """What in RUN_DIR this script would not have written (temp files of its own writes count as its own)."""
-    if not run_dir.is_dir():
-        return []
-    return sorted(p.name for p in run_dir.iterdir() if p.name not in own and p.name.removesuffix(".tmp") not in own)
+    return sorted(p.name for p in run_dir.iterdir() if p.name.removesuffix(".tmp") not in own) \
+        if run_dir.is_dir() else []
 
 
 def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Callable[[Path], bool]) -> None:
@@ -1038,13 +1031,11 @@ def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Ca
     model = Path(model_path).expanduser().resolve() if model_path else None
     if model is not None and model.is_dir() and (run_dir.resolve() == model or model in run_dir.resolve().parents):
         raise UserError(f"--output-dir {run_dir} is inside the model folder {model_path}: choose a folder outside it")
-    others = [] if resume else foreign_entries(run_dir)
-    if not others or clearable(run_dir):
-        return
-    if is_run_dir(run_dir):
-        raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}")
-    raise UserError(f"--output-dir {run_dir} already holds other files ({', '.join(others[:3])}"
-                    f"{', ...' if len(others) > 3 else ''}): a run writes only in a new or empty folder")
+    if (others := [] if resume else foreign_entries(run_dir)) and not clearable(run_dir):
+        raise UserError(f"{run_dir} already holds a run: pass another --output-dir, or --resume {run_dir}"
+                        if is_run_dir(run_dir) else f"--output-dir {run_dir} already holds other files ("
+                        f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}): a run writes only in a new or "
+                        f"empty folder")
 
 
 def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
@@ -1065,32 +1056,27 @@ def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
 def claimed_run_dir(run_dir: Path, *, resume: bool, model_path: str = "",
                     clearable: Callable[[Path], bool] = lambda path: False):
     """RUN_DIR, locked, new or empty (or emptied where `clearable` says); without a config.json at the end, undone."""
-    error, lock, made = None, None, []
+    lock, made = None, []
     try:
-        check_output_dir(run_dir, model_path, resume, clearable)
-        made = [p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock = lock_run_dir(run_dir)
-        check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
-        for name in [] if resume else foreign_entries(run_dir):      # only what `clearable` vouched for
-            target = run_dir / name
-            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
-    except OSError as e:
-        error = f"cannot use --output-dir {run_dir}: {e.strerror or e}"
-    except UserError as e:
-        error = str(e)
-    try:
-        if error:
-            raise UserError(error)
+        try:
+            check_output_dir(run_dir, model_path, resume, clearable)
+            made = [p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()]
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = lock_run_dir(run_dir)
+            check_output_dir(run_dir, model_path, resume, clearable)   # again: it may have changed before the lock
+            for name in [] if resume else foreign_entries(run_dir):      # only what `clearable` vouched for
+                target = run_dir / name
+                shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+        except OSError as e:
+            raise UserError(f"cannot use --output-dir {run_dir}: {e.strerror or e}") from None
         yield run_dir
     finally:
         if lock is not None:
-            started = (run_dir / "config.json").exists()
-            if not started:              # the lock, and a config.json.tmp whose write failed
-                for name in (RUN_LOCK, "config.json.tmp"):
-                    (run_dir / name).unlink(missing_ok=True)
+            started = (run_dir / "config.json").exists()   # if not: the lock, and a config.json.tmp whose write failed
+            for name in () if started else (RUN_LOCK, "config.json.tmp"):
+                (run_dir / name).unlink(missing_ok=True)
             os.close(lock)
-            for folder in reversed(made if not started else []):
+            for folder in [] if started else reversed(made):
                 with contextlib.suppress(OSError):       # not empty: something of the run's own stays
                     folder.rmdir()
 
@@ -1118,8 +1104,7 @@ class CompiledGeneration:
             return dynamic()
         rows, extra_cols = len(input_ids), -input_ids.shape[1] % self.width
         extra_rows = self.rows_run(rows) - rows
-        pad = lambda t, value: torch.cat([F.pad(t, (extra_cols, 0), value=value)] +
-                                         [F.pad(t[-1:], (extra_cols, 0), value=value).expand(extra_rows, -1)])
+        pad = lambda t, value: F.pad(torch.cat([t, t[-1:].expand(extra_rows, -1)]), (extra_cols, 0), value=value)
         config = copy.deepcopy(generation_config)
         config.cache_implementation, config.compile_config = "static", self.compile_config
         try:
@@ -1159,16 +1144,7 @@ def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=No
             "approx_kl": masked_token_mean((ratio - 1.0) - logratio, mask).item()}
 
 
-def aggregate(tensor, mask, loss_agg="seq-mean", num_tokens=None):
-    """A per-token tensor reduced as compute_policy_loss reduces the loss (the KL penalty's)."""
-    if loss_agg == "drgrpo":
-        return masked_mean_drgrpo(tensor, mask, num_tokens or tensor.shape[-1])
-    return masked_mean(tensor.reshape(1, -1), mask.reshape(1, -1)) if loss_agg == "token-mean" else \
-        masked_mean(tensor, mask)
-
-
 def masked_token_mean(tensor, mask):
-    """Sum over masked entries / number of masked entries."""
     return torch.where(mask.bool(), tensor, 0.0).sum() / mask.bool().sum().clamp(min=1)
 
 
@@ -1273,8 +1249,11 @@ class UpdateHooks(Hooks):
                     self.entropy_tokens + mask.sum()
                 self.logprobs_before = logprobs.detach() if self.index == 0 else self.logprobs_before
             self.index, self.logits = self.index + 1, None
-        if micro.ref_logprobs is not None:
-            kl = aggregate(kl_k3(logprobs, micro.ref_logprobs), mask, cfg.loss_agg, cfg.max_new_tokens)
+        if micro.ref_logprobs is not None:         # its k3 KL, reduced as compute_policy_loss reduces the loss
+            kl = kl_k3(logprobs, micro.ref_logprobs)
+            kl = masked_mean_drgrpo(kl, mask, cfg.max_new_tokens or kl.shape[-1]) if cfg.loss_agg == "drgrpo" else \
+                masked_mean(kl.reshape(1, -1), mask.reshape(1, -1)) if cfg.loss_agg == "token-mean" else \
+                masked_mean(kl, mask)
             self.stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
             loss = loss + cfg.kl_coef * kl
         self.loss += weight * loss.item()
@@ -1307,11 +1286,8 @@ class Run(UpdateHooks):
         sampler gives for (seed, epoch), as on a resume; a stop asked for is taken before a step's first batch."""
         for epoch in range(self.start["epoch"], num_epochs):
             loader.sampler.set_epoch(epoch)
-            batches = itertools.islice(enumerate(loader), self.start["batch_in_epoch"] if epoch == self.start["epoch"]
-                                       else 0, None)
-            following = next(batches, None)
-            while following is not None:
-                (index, batch), following = following, next(batches, None)
+            skip = self.start["batch_in_epoch"] if epoch == self.start["epoch"] else 0
+            for index, batch in itertools.islice(enumerate(loader), skip, None):
                 if not self.pool:                     # a step begins
                     if _ctrl_c["asked"]:
                         raise TrainingInterrupted
@@ -1319,7 +1295,7 @@ class Run(UpdateHooks):
                         return
                     self.t0 = time.perf_counter()
                 check_ctrl_c()                        # after a Ctrl-C Python dropped
-                self.phase, self.position, self.epoch_ends = "generation", (epoch, index + 1), following is None
+                self.phase, self.position, self.epoch_ends = "generation", (epoch, index + 1), index + 1 == len(loader)
                 yield batch
 
     def updates(self, rollout: Rollout):
@@ -1361,8 +1337,7 @@ class Run(UpdateHooks):
         self.done += 1
         self.last_record, self.rng = record, rng_state(self.optimizer)
         self.updates_at_record = getattr(self.optimizer, "updates_begun", 0)
-        self.metrics_file.write(json.dumps(record) + "\n")     # before the checkpoint: a kill between the two
-        self.metrics_file.flush()                              # would resume after a step whose row was lost
+        print(json.dumps(record), file=self.metrics_file, flush=True)  # before the checkpoint: no kill loses a row
         if cfg.save_every and record["step"] % cfg.save_every == 0:
             checkpoint_now(self)
         self.summary.update(steps=record["step"], wall_seconds=time.perf_counter() - self.t_start)
@@ -1403,8 +1378,7 @@ class Run(UpdateHooks):
             write_plots(self.run_dir, self.summary)
             write_report_draft(self.run_dir)        # what the run has so far, and what it lacks
             raise KeyboardInterrupt from None
-        except Exception:          # a CUDA error, out of memory at the smallest batch: the last finished step's
-            # weights are still held unless an optimizer update had begun since
+        except Exception:    # a CUDA error, OOM at the smallest batch: save the last step unless an update began since
             if getattr(self.optimizer, "updates_begun", 0) == self.updates_at_record:
                 with contextlib.suppress(Exception):      # the failure is the news; a second one would hide it
                     checkpoint_now(self)
@@ -1443,7 +1417,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
             torch.cuda.set_rng_state(rng["cuda"])
         run.optimizer.load_rounding_state(rng["rounding"])
         run.start = {k: state[k] for k in run.start}
-        run.done = run.start["step"]
+        run.done = run.saved_step = run.start["step"]
         # Finished: at --max-steps, or its problems used up (a step may draw several batches: count batches)
         used_up = run.start["epoch"] >= cfg.num_epochs - 1 and run.start["batch_in_epoch"] >= len(run.loader)
         if run.summary.get("finished") and (used_up or run.start["step"] >= last_step(cfg, run.loader)):
@@ -1461,7 +1435,6 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
             run.summary = set_aside_end(run_dir, run.summary)
         print(f"Resuming from {checkpoint} (step {run.start['step']})")
         run.t_start -= run.summary.get("wall_seconds", 0.0)
-        run.saved_step = run.start["step"]
     elif resume and run.summary.get("finished"):          # its checkpoints were deleted: never retrain over it
         raise UserError(f"{run_dir} finished (--eval-only: its scores are in eval.jsonl)" if cfg.eval_only
                         else f"{run_dir} finished, and it has no checkpoint left to continue from: its trained model "
@@ -1603,7 +1576,7 @@ def finish_run(run: Run) -> None:
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(before_records, after_records))[:cfg.show_examples]:
         print(f"\nQ: {b['question']}\n   gold {show_number(b['gold'])} | before: {show(b)} | after: {show(a)}")
-    replace_folder(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, final=True))
+    replace_file(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, final=True), folder=True)
     run.summary.update(accuracy_after=after["accuracy"], after=after, **paired, finished=True,
                        steps=run.last_record["step"] if run.last_record else run.start["step"],
                        wall_seconds=time.perf_counter() - run.t_start)
@@ -1623,12 +1596,13 @@ def own_path(path: Path, folder: bool = False) -> Path:
     return path
 
 
-def replace_file(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(tmp) then rename tmp over `path`: a reader never sees half a file."""
-    tmp = own_path(path.with_name(path.name + ".tmp"))
-    own_path(path)
-    tmp.unlink(missing_ok=True)
+def replace_file(path: Path, write: Callable[[Path], Any], folder: bool = False) -> None:
+    """write(tmp) then rename tmp over `path` (a folder: the old one removed first): a reader never sees half of it."""
+    tmp, _ = own_path(path.with_name(path.name + ".tmp"), folder), own_path(path, folder)
+    shutil.rmtree(tmp, ignore_errors=True) if folder else tmp.unlink(missing_ok=True)
     write(tmp)
+    if folder:
+        shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
 
 
@@ -1682,8 +1656,7 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
 
 def flips(before: list[dict], after: list[dict]) -> dict:
     """Two evaluations of the same problems paired: gained, lost, the exact two-sided sign test over the flips, and
-    the accuracy difference's 95% interval in points (Wald's for a paired difference d: d +- 1.96 sqrt(((gained +
-    lost) / problems - d^2) / problems))."""
+    the accuracy difference's 95% interval in points (Wald's for a paired difference)."""
     gained = sum(a["correct"] and not b["correct"] for b, a in zip(before, after))
     lost = sum(b["correct"] and not a["correct"] for b, a in zip(before, after))
     n, k, problems = gained + lost, min(gained, lost), max(len(before), 1)
@@ -1696,22 +1669,19 @@ def flips(before: list[dict], after: list[dict]) -> dict:
 def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, rollout: Rollout, stats: dict,
                 cfg: Config, lr: float, gen_seconds: float, update_seconds: float) -> dict:
     """One line of metrics.jsonl: the step's samples (all drawn: `sampled`; updated on: `rollout`)."""
-    rewards, lengths, truncated = (sampled.rewards.cpu().float(), sampled.completion_lengths.cpu().float(),
-                                   sampled.truncated.cpu().float())
-    kept = int(spread(rollout.rewards, cfg.group_size).sum())
+    rewards, lengths = sampled.rewards.cpu().float(), sampled.completion_lengths.cpu().float()
     has_spread = spread(rewards, cfg.group_size)                               # [groups drawn]
     record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
-              "prompts_drawn": len(has_spread), "signal_groups": int(kept),
+              "prompts_drawn": len(has_spread), "signal_groups": int(spread(rollout.rewards, cfg.group_size).sum()),
               "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
               "zero_spread_frac": (~has_spread).float().mean().item(),
               **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "policy_kl", "grad_norm", "skipped",
                                        "no_signal", "entropy")},
               "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
-              "truncated_frac": truncated.mean().item(), "lr": lr,
+              "truncated_frac": sampled.truncated.cpu().float().mean().item(), "lr": lr,
               "gen_seconds": gen_seconds, "update_seconds": update_seconds,
-              "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9)}
-    if cfg.kl_coef > 0:
-        record["kl_ref"] = stats["kl_ref"]
+              "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9),
+              **({"kl_ref": stats["kl_ref"]} if cfg.kl_coef > 0 else {})}
     if torch.cuda.is_available():
         record["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
@@ -1752,17 +1722,7 @@ def from_plain(obj, tensors: dict[str, torch.Tensor]):
 TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 
-def replace_folder(path: Path, write: Callable[[Path], Any]) -> None:
-    """replace_file for a folder: written whole as PATH.tmp, then renamed into place."""
-    tmp, _ = own_path(path.with_name(path.name + ".tmp"), folder=True), own_path(path, folder=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-
-
 def rng_state(optimizer) -> dict:
-    """The random streams: sampling (python, torch, cuda) and the optimizer's rounding noise."""
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
             "rounding": optimizer.rounding_state()}
@@ -1781,7 +1741,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
         (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
         save_file(tensors, tmp / TRAINER_STATE[1])
 
-    replace_folder(path := own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}", write)
+    replace_file(path := own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}", write, folder=True)
     return path
 
 
@@ -1791,7 +1751,6 @@ def saved_checkpoints(run_dir: Path) -> list[Path]:        # oldest first, by N:
 
 
 def load_trainer_state(checkpoint: Path) -> dict:
-    """The trainer state save_checkpoint wrote; UserError naming the files if they are missing or damaged."""
     from safetensors.torch import load_file
     try:
         json_file, tensor_file = (checkpoint / name for name in TRAINER_STATE)
@@ -1814,12 +1773,11 @@ def redraw_report(run_dir: Path) -> None:
     """--report: plots and report_draft.md of a run, drawn again from its records."""
     if not is_run_dir(run_dir):
         raise UserError(f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
-    lock, staging, drawn, written = None, None, [], []
+    lock, staging, written = None, None, []
     try:
         lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
         staging = Path(tempfile.mkdtemp(prefix=".report-", dir=run_dir))   # each file drawn whole, then moved in
-        drawn = write_plots(run_dir, into=staging) + [write_report_draft(run_dir, into=staging)]
-        for path in drawn:
+        for path in write_plots(run_dir, into=staging) + [write_report_draft(run_dir, into=staging)]:
             own_path((target := run_dir / path.relative_to(staging)).parent, folder=True).mkdir(exist_ok=True)
             os.replace(path, own_path(target))
             written.append(target)
@@ -1840,18 +1798,16 @@ def redraw_report(run_dir: Path) -> None:
 
 
 def recorded_config(run_dir: Path) -> dict:
-    """The settings a run folder recorded (none in a folder without config.json)."""
     return read_json(run_dir / "config.json").get("config", {}) if (run_dir / "config.json").is_file() else {}
 
 
 def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = None) -> list[Path]:
     """Reward, length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots (or `into`/plots), with
-    `summary`'s accuracy."""
+    `summary`'s accuracy; records from before entropy and policy_kl were logged leave gaps."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    metrics = read_jsonl(run_dir / "metrics.jsonl", key="step")
-    metrics = [{"entropy": None, "policy_kl": None, **m} for m in metrics]    # records from before these were logged
+    metrics = [{"entropy": None, "policy_kl": None, **m} for m in read_jsonl(run_dir / "metrics.jsonl", key="step")]
     if not metrics:
         return []
     if summary is None:
@@ -1907,7 +1863,6 @@ def show_number(value):
 
 
 def same_problems(before: list[dict], after: list[dict]) -> None:
-    """UserError unless two evaluations' records are of the same problems in the same order."""
     if [r["question"] for r in before] != [r["question"] for r in after]:
         raise UserError("eval_before.jsonl holds other problems than the evaluation after training (the data changed "
                         "on disk?): the accuracies and answers cannot be compared")
@@ -1928,8 +1883,7 @@ STEP_COLUMNS = "| step | sampled reward | loss | grad norm | policy moved (KL) |
 
 
 def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
-    """report_draft.md: the handout's four report sections as far as the run's records hold them, every figure read
-    from config.json, summary.json, metrics.jsonl and eval_*.jsonl; what they lack (a run stopped early) is said."""
+    """report_draft.md: the handout's four report sections as far as the run's records hold them, and what they lack."""
     c = {**dataclasses.asdict(RunConfig()), **recorded_config(run_dir)}      # an older record lacks newer settings
     summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     before = read_jsonl(run_dir / ("eval.jsonl" if c["eval_only"] else "eval_before.jsonl"))
@@ -1969,8 +1923,7 @@ def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
 
 def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dict], after: list[dict],
                    limit: int = 10) -> list[str]:
-    """report_draft.md's sections 1-4 for the settings `c`: the method as it ran, the hyperparameters, the log
-    (every Nth step of metrics.jsonl), the answers that flipped (the first `limit` each way, in problem order)."""
+    """Sections 1-4: the method as `c` ran it, the hyperparameters, every Nth step, the first `limit` flips each way."""
     high, signal_groups = c["clip_eps_high"] if c["clip_eps_high"] >= 0 else c["clip_eps"], RunConfig(
         min_signal_groups=c["min_signal_groups"], batch_size=c["batch_size"]).signal_groups
     lines = ["", "## 1. Algorithm and implementation, as this run ran", "",
@@ -1995,9 +1948,8 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
                 f"{c['lora_rank']}, alpha {c['lora_alpha']}, {c['lora_targets']}" if c["lora_rank"] else "all",
                 "questions x answers per step": f"{c['batch_size']} x {c['group_size']}",
                 "new tokens at most": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
-                "learning rate; schedule": f"{c['learning_rate']:g}; " + (f"warm-up {c['lr_warmup_steps']} steps, "
-                                           "then " if c["lr_warmup_steps"] else "") + ("linear decay to 0" if
-                                                                                      c["lr_decay"] else "constant"),
+                "learning rate; schedule": f"{c['learning_rate']:g}; " + (f"warm-up {c['lr_warmup_steps']} steps, then "
+                    if c["lr_warmup_steps"] else "") + ("linear decay to 0" if c["lr_decay"] else "constant"),
                 "clip range": f"{1 - c['clip_eps']:g} to {1 + high:g}", "KL penalty": f"{c['kl_coef']:g}",
                 "loss reduction": REDUCTION_WORDS[c["loss_agg"]][0].format(**c),
                 "advantage": ADVANTAGE_WORDS[c["advantage"]][0].format(**c),
@@ -2021,12 +1973,11 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
             f"{literal(text[:500])} *(… {len(text) - 1300} characters left out …)* {literal(text[-800:])}")
         return f"{shown} (extracted {show_number(r['extracted'])}, {'right' if r['correct'] else 'wrong'})"
 
-    lines += ["", "## 4. Answers before and after", ""] + ([] if before and after else ["Not yet: this needs both "
-                                                                                        "evaluations (Results)."])
-    for title, flipped in (("Wrong before, right after", lambda b, a: a["correct"] and not b["correct"]),
-                           ("Right before, wrong after", lambda b, a: b["correct"] and not a["correct"])) \
-            if before and after else ():
-        chosen = [(b, a) for b, a in zip(before, after) if flipped(b, a)]
+    lines += ["", "## 4. Answers before and after", ""]
+    if not (before and after):
+        return lines + ["Not yet: this needs both evaluations (Results)."]
+    for title, flip in (("Wrong before, right after", (False, True)), ("Right before, wrong after", (True, False))):
+        chosen = [(b, a) for b, a in zip(before, after) if (bool(b["correct"]), bool(a["correct"])) == flip]
         lines += [f"### {title}: {len(chosen)}" + (f", the first {limit} shown" if len(chosen) > limit else ""), ""]
         for b, a in chosen[:limit]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
@@ -2037,7 +1988,6 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
 # ----- Devices, precision and memory: bf16 with stochastic rounding, out-of-memory, the LM head's input -----
 
 def require_gpu(name: str) -> None:
-    """UserError in one line if --device NAME (cuda or cuda:N) asks for a GPU this machine does not have."""
     if name.startswith("cuda") and int(name.partition(":")[2] or 0) >= torch.cuda.device_count():
         raise UserError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs here")
 
@@ -2122,11 +2072,8 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
         self.updates_begun = getattr(self, "updates_begun", 0) + 1    # a failure from here leaves weights mid-update
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
+            for p in [p for p in group["params"] if p.grad is not None]:
+                if not (state := self.state[p]):
                     state.update(step=0, exp_avg=torch.zeros_like(p, dtype=torch.float32),
                                  exp_avg_sq=torch.zeros_like(p, dtype=torch.float32))
                 state["step"] += 1
@@ -2167,9 +2114,8 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
 
 def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """bf16 keeps the top 16 bits of an fp32: add uniform noise to the low 16, then truncate."""
-    bits = x.view(torch.int32)
     noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
-    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+    return ((x.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -2198,8 +2144,7 @@ class OutOfMemory(Exception):
 
 
 def halve(cfg: Config, knob: str, update_began: bool = False) -> None:
-    """cfg.<knob> halved after out-of-memory, down to its floor; past it, or once an optimizer update began (a retry
-    would apply it twice), OutOfMemory naming the smaller value a resume can take."""
+    """cfg.<knob> halved after out-of-memory, down to its floor; past it, or once an update began, OutOfMemory."""
     torch.cuda.empty_cache()        # a no-op unless CUDA is in use
     size, flag = getattr(cfg, knob), flag_name(knob)
     floor = cfg.group_size if knob == "generation_batch_size" else 1
@@ -2243,8 +2188,7 @@ def with_lora(model, cfg: RunConfig, checkpoint: Path | None):
     # Only the body's linear layers (Qwen ties its embedding to the head); a misspelt name would pass in silence
     linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.base_model.named_modules()
                      if type(module) is torch.nn.Linear})
-    unknown = [] if targets == "all-linear" else [t for t in targets if t not in linear]
-    if unknown:
+    if targets != "all-linear" and (unknown := [t for t in targets if t not in linear]):
         raise UserError(f"--lora-targets {cfg.lora_targets}: {', '.join(map(repr, unknown))} is not among the body's "
                         f"linear layers, which take adapters here: {','.join(linear)}")
     with warnings.catch_warnings():      # peft reads transformers' deprecated is_gradient_checkpointing: not ours
@@ -2269,10 +2213,9 @@ def load_split(dataset: str, split: str):
     import datasets
     local, is_local = Path(dataset), looks_local(dataset)
     layout = "GSM8K in hub layout (main/train-*.parquet and main/test-*.parquet)"
-    if is_local and local.exists() and not local.is_dir():
-        raise UserError(f"--dataset {dataset} is a file: pass the folder that holds {layout}")
     if is_local and not local.is_dir():
-        raise UserError(f"dataset folder {dataset} does not exist: put {layout} there (e.g. `git clone "
+        raise UserError(f"--dataset {dataset} is a file: pass the folder that holds {layout}" if local.exists() else
+                        f"dataset folder {dataset} does not exist: put {layout} there (e.g. `git clone "
                         f"https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
     if is_local and not any(local.iterdir()):
         raise UserError(f"dataset folder {dataset} is empty: put {layout} there")
@@ -2379,40 +2322,32 @@ def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), s
     return problems
 
 
-def word_problem_split(split: str, size: int, steps: int) -> list[dict]:
-    """A fixed test set (a seed no choice of settings ever scored), and training problems never repeating it."""
-    test = word_problems(200, random.Random(f"held-out test {steps}"), steps=steps)
-    problems = test if split == "test" else \
-        word_problems(2000, random.Random(100 + steps), exclude={p["question"] for p in test}, steps=steps)
-    return problems[: size or None]
-
-
 @dataclass(frozen=True)
 class Task:
     """Where a task's problems come from and what its prompt asks; every task is in GSM8K's format, scored as it."""
     instruction: str
     steps: int = 0      # word problems of this many steps, generated when no --dataset is given; 0: GSM8K
 
-    def problems(self, dataset: str, split: str) -> tuple[list[str], list, list[int]]:
-        """GSM8KDataset's problems: questions, golds and their rows in the split, checked (checked_problems)."""
-        return checked_problems(self.load(dataset, split), f"{dataset} [{split}]")
-
     def load(self, dataset: str, split: str):
-        """A --dataset folder when given, else the task's generated problems ('train', 'test[:N]', ...)."""
+        """A --dataset folder when given, else the task's generated problems ('train', 'test[:N]', ...): a fixed test
+        set (a seed no choice of settings ever scored), and training problems never repeating it."""
         if dataset or not self.steps:
             return load_split(dataset, split)
         match = re.fullmatch(r"(\w+)(?:\[(\d*):(\d*)\])?", split)
         if not match:
             raise UserError(f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
-        start, end = int(match.group(2) or 0), int(match.group(3) or 0)
-        return enough_rows(word_problem_split(match.group(1), end, self.steps)[start:], split)
+        test = word_problems(200, random.Random(f"held-out test {self.steps}"), steps=self.steps)
+        problems = test if match.group(1) == "test" else word_problems(
+            2000, random.Random(100 + self.steps), exclude={p["question"] for p in test}, steps=self.steps)
+        return enough_rows(problems[int(match.group(2) or 0):int(match.group(3) or 0) or None], split)
 
 
 class TaskDataset(GSM8KDataset):
     """GSM8KDataset over a run's task: its problems (--dataset, or generated), checked, numbered, in its prompt."""
 
     def __init__(self, split, tokenizer, max_length, *, dataset_path: str, prompt_style: str, task: Task):
-        self.questions, self.answers, self.rows = task.problems(dataset_path, split)
+        self.questions, self.answers, self.rows = checked_problems(task.load(dataset_path, split),
+                                                                   f"{dataset_path} [{split}]")
         self.prompts = [build_prompt(q, tokenizer, prompt_style, task.instruction) for q in self.questions]
         self.tokenizer, self.max_length, self.prompt_style = tokenizer, max_length, prompt_style
 
@@ -2453,11 +2388,10 @@ def build_tiny_model(tokenizer, seed: int, hidden: int = 64, layers: int = 2):
     """A Qwen2ForCausalLM at toy size, with Qwen-like sampling defaults in its generation_config."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=512, tie_word_embeddings=True,
+                                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id,
         do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1)
@@ -2466,7 +2400,6 @@ def build_tiny_model(tokenizer, seed: int, hidden: int = 64, layers: int = 2):
 
 @dataclass
 class DemoConfig:
-    """The demo's CPU-sized settings: the model, the task sizes and the supervised warm-up."""
     train_problems: int = 2000    # generated training problems (GRPO draws prompts from these)
     test_problems: int = 300      # held-out problems for greedy accuracy
     hidden: int = 64              # model width
@@ -2513,8 +2446,7 @@ def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, 
         optimizer.step()
         if step % 25 == 0:
             out = generate_completions(model, tokenizer, probe["input_ids"], probe["attention_mask"], 8, 0.0, 1)
-            accuracy = compute_reward(out["completions"], probe_golds).mean().item()
-            if accuracy >= demo.warmup_target:
+            if compute_reward(out["completions"], probe_golds).mean().item() >= demo.warmup_target:   # greedy accuracy
                 return step
     return demo.warmup_max_steps
 
