@@ -853,20 +853,19 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
 
     print("Loading dataset...")
     # Validation: the first --val-size problems of the train split; training takes the ones after them.
-    part = lambda split, start, end: f"{split}[{start or ''}:{end or ''}]" if start or end else split
-    problems = lambda split: without_long_prompts(TaskDataset(
-        split, tokenizer, cfg.max_prompt_length, dataset_path=cfg.dataset, prompt_style=cfg.prompt_style,
-        task=TASKS[cfg.task]))
-    eval_set = problems(part("test", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size)
-                        if cfg.eval_split == "test" else
-                        part("train", cfg.eval_start, cfg.eval_size and cfg.eval_start + cfg.eval_size or cfg.val_size))
+    problems = lambda split, start, end: without_long_prompts(TaskDataset(
+        f"{split}[{start or ''}:{end or ''}]" if start or end else split, tokenizer, cfg.max_prompt_length,
+        dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=TASKS[cfg.task]))
+    eval_end = cfg.eval_size and cfg.eval_start + cfg.eval_size
+    eval_set = problems("test", cfg.eval_start, eval_end) if cfg.eval_split == "test" else \
+        problems("train", cfg.eval_start, eval_end or cfg.val_size)
     if len(eval_set) == 0:
         raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
                         f"{cfg.max_prompt_length}, or none given)")
     if cfg.eval_only:                   # nothing trains: no training problems, no optimizer
         return open_record(Run(cfg, None, run_dir=run_dir, device=device, model=model, tokenizer=tokenizer,
                                loader=None, eval_set=eval_set), None, resume)
-    train_set = problems(part("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size))
+    train_set = problems("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size)
     if len(train_set) < cfg.batch_size:
         raise UserError(f"{len(train_set)} train problems, fewer than --batch-size {cfg.batch_size}")
     # A shuffle that depends only on (seed, epoch): a resumed run sees the same data; the loader's own generator
@@ -1288,10 +1287,8 @@ class Run(UpdateHooks):
             loader.sampler.set_epoch(epoch)
             skip = self.start["batch_in_epoch"] if epoch == self.start["epoch"] else 0
             for index, batch in itertools.islice(enumerate(loader), skip, None):
-                if not self.pool:                     # a step begins
-                    if _ctrl_c["asked"]:
-                        raise TrainingInterrupted
-                    if self.cfg.max_steps and self.done >= self.cfg.max_steps:
+                if not self.pool:                     # a step begins, unless a stop was asked for (Run.train takes it)
+                    if _ctrl_c["asked"] or (self.cfg.max_steps and self.done >= self.cfg.max_steps):
                         return
                     self.t0 = time.perf_counter()
                 check_ctrl_c()                        # after a Ctrl-C Python dropped
@@ -1366,18 +1363,15 @@ class Run(UpdateHooks):
                         raise
                     self.retry_smaller()
             checkpoint_now(self)      # still under the stop-after-this-step protection: a stop now loses no step
-            if _ctrl_c["asked"]:
-                raise TrainingInterrupted
+            if _ctrl_c["asked"]:      # the stop asked for: what the run has so far, and what it lacks
+                write_plots(self.run_dir, self.summary)
+                write_report_draft(self.run_dir)
+                raise KeyboardInterrupt
             if cfg.max_steps and (done := self.done) < cfg.max_steps:    # a step draws 1 + --max-draws batches at most
                 self.summary["problems_ran_out"] = True
                 print(f"warning: the training problems ran out after step {done}, short of --max-steps "
                       f"{cfg.max_steps} (a step draws up to {1 + cfg.max_draws} batches): add --num-epochs to reach it",
                       file=sys.stderr)
-        except TrainingInterrupted:
-            checkpoint_now(self)
-            write_plots(self.run_dir, self.summary)
-            write_report_draft(self.run_dir)        # what the run has so far, and what it lacks
-            raise KeyboardInterrupt from None
         except Exception:    # a CUDA error, OOM at the smallest batch: save the last step unless an update began since
             if getattr(self.optimizer, "updates_begun", 0) == self.updates_at_record:
                 with contextlib.suppress(Exception):      # the failure is the news; a second one would hide it
@@ -1386,10 +1380,6 @@ class Run(UpdateHooks):
         finally:
             _ctrl_c["training"] = False
             self.metrics_file.close()
-
-
-class TrainingInterrupted(Exception):
-    """Ctrl-C arrived; the loop stopped after the step in flight."""
 
 
 def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
@@ -1773,14 +1763,14 @@ def redraw_report(run_dir: Path) -> None:
     """--report: plots and report_draft.md of a run, drawn again from its records."""
     if not is_run_dir(run_dir):
         raise UserError(f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
-    lock, staging, written = None, None, []
+    lock, written = None, []
     try:
         lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
-        staging = Path(tempfile.mkdtemp(prefix=".report-", dir=run_dir))   # each file drawn whole, then moved in
-        for path in write_plots(run_dir, into=staging) + [write_report_draft(run_dir, into=staging)]:
-            own_path((target := run_dir / path.relative_to(staging)).parent, folder=True).mkdir(exist_ok=True)
-            os.replace(path, own_path(target))
-            written.append(target)
+        with tempfile.TemporaryDirectory(prefix=".report-", dir=run_dir, ignore_cleanup_errors=True) as staging:
+            for path in write_plots(run_dir, into=Path(staging)) + [write_report_draft(run_dir, into=Path(staging))]:
+                own_path((target := run_dir / path.relative_to(staging)).parent, folder=True).mkdir(exist_ok=True)
+                os.replace(path, own_path(target))      # each file drawn whole, then moved in
+                written.append(target)
     except KeyboardInterrupt:
         replaced = ", ".join(str(p.relative_to(run_dir)) for p in written)
         raise UserError(f"--report {run_dir}: interrupted; " + (f"replaced {replaced}, the rest are as they were"
@@ -1792,8 +1782,6 @@ def redraw_report(run_dir: Path) -> None:
     finally:
         if lock is not None:
             os.close(lock)
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     print("\n".join(str(p) for p in written))
 
 
@@ -1944,12 +1932,13 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
              f"{c['temperature']:g}, one AdamW step on the gradient clipped at norm {c['max_grad_norm']:g}" + (
                  f"; up to {c['max_draws']} more batches drawn until {signal_groups} groups' rewards differ"
                  if signal_groups else "") + "."]
+    schedule = (f"warm-up {c['lr_warmup_steps']} steps, then " if c["lr_warmup_steps"] else "") + (
+        "linear decay to 0" if c["lr_decay"] else "constant")
     settings = {"model": Path(c["model_path"]).name, "dtype": c["dtype"], "weights trained": f"LoRA rank "
                 f"{c['lora_rank']}, alpha {c['lora_alpha']}, {c['lora_targets']}" if c["lora_rank"] else "all",
                 "questions x answers per step": f"{c['batch_size']} x {c['group_size']}",
                 "new tokens at most": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
-                "learning rate; schedule": f"{c['learning_rate']:g}; " + (f"warm-up {c['lr_warmup_steps']} steps, then "
-                    if c["lr_warmup_steps"] else "") + ("linear decay to 0" if c["lr_decay"] else "constant"),
+                "learning rate; schedule": f"{c['learning_rate']:g}; {schedule}",
                 "clip range": f"{1 - c['clip_eps']:g} to {1 + high:g}", "KL penalty": f"{c['kl_coef']:g}",
                 "loss reduction": REDUCTION_WORDS[c["loss_agg"]][0].format(**c),
                 "advantage": ADVANTAGE_WORDS[c["advantage"]][0].format(**c),
@@ -2461,13 +2450,26 @@ def is_demo_run(run_dir: Path) -> bool:
 
 
 def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
-    """A tiny model and task, warmed up and saved, through the real pipeline; it may clear its own earlier run."""
+    """A tiny model and task (RUN_DIR/demo_model, demo_data), warmed up and saved, run through the real pipeline; it
+    may clear its own earlier run."""
     t0 = time.perf_counter()
     validate_config(cfg)
     run_dir = Path(cfg.output_dir)
     with claimed_run_dir(run_dir, resume=False, clearable=is_demo_run):
         try:
-            steps = build_demo(cfg, demo, run_dir)
+            write_json(run_dir / "demo.json", {"demo": True, "seed": cfg.seed})
+            random.seed(cfg.seed)
+            torch.manual_seed(cfg.seed)
+            # the test problems: a stream no screening of the demo's settings scored
+            test = word_problems(demo.test_problems, random.Random(f"held-out test {cfg.seed}"))
+            train = word_problems(demo.train_problems, random.Random(cfg.seed), exclude={p["question"] for p in test})
+            write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
+            tokenizer = build_byte_tokenizer()
+            model = build_tiny_model(tokenizer, cfg.seed, demo.hidden, demo.layers)
+            steps = supervised_warmup(model, tokenizer, train[: len(train) // 2], demo, cfg.seed, cfg.prompt_style)
+            print(f"demo: tiny Qwen2 ({sum(p.numel() for p in model.parameters()):,} parameters) warmed up for "
+                  f"{steps} supervised steps in {time.perf_counter() - t0:.0f}s")
+            save_model(run_dir / "demo_model", model, tokenizer)
         except (KeyboardInterrupt, Exception) as e:      # a full disk in safetensors too: one line, its files gone
             for name in ("demo.json", "demo_data", "demo_model"):        # the demo's own, in a folder it claimed
                 shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else \
@@ -2483,25 +2485,6 @@ def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
     print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
           f"in {summary['demo_total_seconds']:.0f}s")
     return summary
-
-
-def build_demo(cfg: RunConfig, demo: DemoConfig, run_dir: Path) -> int:
-    """Write RUN_DIR/demo_data (hub layout) and RUN_DIR/demo_model (warmed up); return the warm-up steps."""
-    t0 = time.perf_counter()
-    write_json(run_dir / "demo.json", {"demo": True, "seed": cfg.seed})
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)       # the test problems: a stream no screening of the demo's settings scored
-    test = word_problems(demo.test_problems, random.Random(f"held-out test {cfg.seed}"))
-    train = word_problems(demo.train_problems, rng, exclude={p["question"] for p in test})
-    write_hub_dataset(run_dir / "demo_data", {"train": train, "test": test})
-    tokenizer = build_byte_tokenizer()
-    model = build_tiny_model(tokenizer, cfg.seed, demo.hidden, demo.layers)
-    steps = supervised_warmup(model, tokenizer, train[: len(train) // 2], demo, cfg.seed, cfg.prompt_style)
-    print(f"demo: tiny Qwen2 ({sum(p.numel() for p in model.parameters()):,} parameters) warmed up for {steps} "
-          f"supervised steps in {time.perf_counter() - t0:.0f}s")
-    save_model(run_dir / "demo_model", model, tokenizer)
-    return steps
 
 
 if __name__ == "__main__":

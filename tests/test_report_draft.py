@@ -153,3 +153,28 @@ def test_a_stopped_run_writes_what_it_has_and_says_what_is_missing(model_dir, gs
     before = records(out, "eval_before.jsonl")
     assert result[2] == f"{sum(r['correct'] for r in before) / len(before):.1%}" and result[3:] == ["not scored", "-",
                                                                                                    "-", "-"]
+
+
+def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
+    """A record written by hand with the non-default choices: each one is named in the draft as it ran."""
+    config = {"model_path": "/models/Qwen2.5-1.5B-Instruct", "advantage": "drgrpo", "loss_agg": "token-mean",
+              "ppo_epochs": 2, "clip_eps": 0.2, "clip_eps_high": 0.28, "format_reward": 0.2, "strict_answer": True,
+              "mask_truncated": True, "lr_warmup_steps": 10, "lr_decay": True, "learning_rate": 1e-5,
+              "lora_rank": 16, "lora_alpha": 32, "lora_targets": "q_proj,v_proj", "min_signal_groups": 0,
+              "kl_coef": 0.0, "max_steps": 50, "dtype": "bfloat16"}
+    gh.write_json(tmp_path / "config.json", {"config": config, "argv": []})
+    gh.write_json(tmp_path / "summary.json", {"steps": 7})
+    text = gh.write_report_draft(tmp_path).read_text()
+    assert "- Reward: 1 if the answer's final number equals the gold answer, else 0, plus 0.2 for a well-formed last " \
+           "line; only the last line's number counts." in text
+    assert "A_i = r_i - mean of its group, not divided by the std (Dr. GRPO)." in text
+    assert "clip(rho, 0.8, 1.28) A)" in text and "2 updates per batch on the same answers, pi_old their " \
+           "log-probabilities before the first; answers cut at the budget left out." in text
+    assert "- Reduction: averaged over all answer tokens of a micro-batch (DAPO's); no KL penalty." in text
+    assert "more batches drawn" not in text          # --min-signal-groups 0: a step per batch
+    settings = dict(rows(text, "| setting | value |"))
+    assert settings["learning rate; schedule"] == "1e-05; warm-up 10 steps, then linear decay to 0"
+    assert settings["weights trained"] == "LoRA rank 16, alpha 32, q_proj,v_proj"
+    assert settings["clip range"] == "0.8 to 1.28" and settings["steps run (at most)"] == "7 (50)"
+    assert settings["model"] == "Qwen2.5-1.5B-Instruct" and settings["loss reduction"] == "mean over answer tokens"
+    assert "Missing: the evaluation before training (eval_before.jsonl) and the evaluation after training" in text
