@@ -1956,18 +1956,17 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
         f"{m['truncated_frac']:.2f} |" for m in metrics if m is metrics[0] or m["step"] % every == 0 or
         m is metrics[-1]] if metrics else ["No training step is recorded yet."]
 
-    def cell(r: dict) -> str:
-        text = (r["completion"] or "").strip()
-        shown = literal(text) if len(text) <= 1500 else (       # the answer is at the end: keep both ends
-            f"{literal(text[:500])} *(… {len(text) - 1300} characters left out …)* {literal(text[-800:])}")
-        return f"{shown} (extracted {show_number(r['extracted'])}, {'right' if r['correct'] else 'wrong'})"
+    def cell(r: dict) -> str:       # the whole answer, as the model wrote it
+        return f"{literal((r['completion'] or '').strip())} (extracted {show_number(r['extracted'])}, " \
+               f"{'right' if r['correct'] else 'wrong'})"
 
     lines += ["", "## 4. Answers before and after", ""]
     if not (before and after):
         return lines + ["Not yet: this needs both evaluations (Results)."]
     for title, flip in (("Wrong before, right after", (False, True)), ("Right before, wrong after", (True, False))):
         chosen = [(b, a) for b, a in zip(before, after) if (bool(b["correct"]), bool(a["correct"])) == flip]
-        lines += [f"### {title}: {len(chosen)}" + (f", the first {limit} shown" if len(chosen) > limit else ""), ""]
+        lines += [f"### {title}: {len(chosen)}" + (f", the first {limit} in problem order shown" if len(chosen) >
+                                                   limit else ""), ""]
         for b, a in chosen[:limit]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
                       "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]

@@ -83,7 +83,7 @@ def check_against_records(run_dir: Path, text: str) -> None:
 
     for title, count in (("Wrong before, right after", gained), ("Right before, wrong after", lost)):
         heading = next(line for line in text.splitlines() if line.startswith(f"### {title}: "))
-        assert heading == f"### {title}: {count}" + (", the first 10 shown" if count > 10 else "")
+        assert heading == f"### {title}: {count}" + (", the first 10 in problem order shown" if count > 10 else "")
     shown_gold = [line for line in text.splitlines() if line.startswith("**Gold:** ")]
     flipped = [b for b, a in zip(before, after) if b["correct"] != a["correct"]]
     assert len(shown_gold) == min(gained, 10) + min(lost, 10) <= len(flipped)

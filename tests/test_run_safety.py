@@ -972,7 +972,7 @@ def test_a_few_empty_questions_are_dropped_like_bad_golds(capsys):
     assert len(questions) == 199 and "dropped 1 of 200 problems whose question is empty" in capsys.readouterr().err
 
 
-def test_report_draft_shows_the_answer_end_escapes_markup_and_prints_whole_golds(tmp_path):
+def test_report_draft_shows_whole_answers_escapes_markup_and_prints_whole_golds(tmp_path):
     long = "step " * 400 + "so the answer is $<b>18</b>$ \\boxed{18}"
     record = {"question": "Janet's *ducks* cost $2 | $3?", "gold": 18.0, "tokens": 9, "truncated": False,
               "well_formed": True}
@@ -980,7 +980,7 @@ def test_report_draft_shows_the_answer_end_escapes_markup_and_prints_whole_golds
                                                       "correct": False}])
     gh.write_jsonl(tmp_path / "eval_after.jsonl", [{**record, "completion": long, "extracted": 18.0, "correct": True}])
     text = gh.write_report_draft(tmp_path).read_text()
-    assert " *(… 739 characters left out …)* " in text and "\\\\boxed\\{18\\} (extracted 18, right)" in text
+    assert "step " * 400 + "so the answer is \\$\\<b\\>18\\<\\/b\\>\\$ \\\\boxed\\{18\\} (extracted 18, right)" in text
     assert "\\<b\\>18\\<\\/b\\>" in text and "<b>" not in text and "Janet\\'s \\*ducks\\* cost \\$2 \\| \\$3\\?" in text
     assert "**Gold:** 18\n" in text
 
