@@ -116,8 +116,8 @@ class GSM8KDataset(Dataset):
     def __getitem__(self, idx):
         # A chat template writes any BOS token itself, so the tokenizer adds none to a chat prompt
         encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.prompt_style != "chat", return_tensors="pt")
-        last = slice(-self.max_length, None)     # too long: its start goes, the question's end and answer cue stay
-        return {"input_ids": encoded["input_ids"][0, last], "attention_mask": encoded["attention_mask"][0, last],
+        tail = slice(-self.max_length, None)   # its last max_length tokens: a long prompt's start goes, its cue stays
+        return {"input_ids": encoded["input_ids"][0, tail], "attention_mask": encoded["attention_mask"][0, tail],
                 "prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
 
     @staticmethod
