@@ -1902,8 +1902,9 @@ def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
                   "over the g + l problems that flipped."]
         if missing := [f"the evaluation {when} training (eval_{when}.jsonl)" for when, rows in
                        (("before", before), ("after", after)) if not rows]:
-            lines += ["", f"Missing: {' and '.join(missing)}; the run is at step {summary.get('steps', 0)}: "
-                          f"`python grpo_homework.py --resume {run_dir}` finishes it."]
+            lines += ["", f"Missing: {' and '.join(missing)}; " + ("the run finished, so they were removed from its "
+                          "folder" if summary.get("finished") else f"the run is at step {summary.get('steps', 0)}: "
+                          f"`python grpo_homework.py --resume {run_dir}` finishes it") + "."]
         lines += draft_sections(c, summary, read_jsonl(run_dir / "metrics.jsonl", "step"), before, after)
     replace_file(path := (into or run_dir) / "report_draft.md", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
     return path
@@ -1965,8 +1966,8 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
         return lines + ["Not yet: this needs both evaluations (Results)."]
     for title, flip in (("Wrong before, right after", (False, True)), ("Right before, wrong after", (True, False))):
         chosen = [(b, a) for b, a in zip(before, after) if (bool(b["correct"]), bool(a["correct"])) == flip]
-        lines += [f"### {title}: {len(chosen)}" + (f", the first {limit} in problem order shown" if len(chosen) >
-                                                   limit else ""), ""]
+        shown = f", the first {limit} in problem order shown" if len(chosen) > limit else ""
+        lines += [f"### {title}: {len(chosen)}{shown}", ""]
         for b, a in chosen[:limit]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
                       "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]

@@ -178,3 +178,12 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
     assert settings["clip range"] == "0.8 to 1.28" and settings["steps run (at most)"] == "7 (50)"
     assert settings["model"] == "Qwen2.5-1.5B-Instruct" and settings["loss reduction"] == "mean over answer tokens"
     assert "Missing: the evaluation before training (eval_before.jsonl) and the evaluation after training" in text
+
+
+def test_a_finished_run_whose_evaluations_were_removed_is_not_sent_to_resume(tmp_path):
+    """--resume refuses a finished run: the draft must not tell its user to run it (plots/demo-seed0 keeps no eval_*)."""
+    gh.write_json(tmp_path / "config.json", {"config": {"model_path": "m"}, "argv": []})
+    gh.write_json(tmp_path / "summary.json", {"steps": 3, "finished": True})
+    text = gh.write_report_draft(tmp_path).read_text()
+    assert "and the evaluation after training (eval_after.jsonl); the run finished, so they were removed from its " \
+           "folder." in text and "--resume" not in text
