@@ -49,13 +49,11 @@ class Config:
     temperature: float = _flag(0.7, "sampling temperature; log-probs divide logits by the same value")
     learning_rate: float = _flag(2e-6, "AdamW learning rate")
     num_epochs: int = _flag(1, "passes over the training problems")
-    clip_eps: float = _flag(0.2, "PPO clip range below 1 (and above, unless --clip-eps-high)")
+    clip_eps: float = _flag(0.2, "PPO clip range: ratios outside [1 - eps, 1 + eps] are clipped")
     # the objective: the GRPO paper's advantages, Dr. GRPO's loss reduction (README says why)
     advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
     advantage_eps: float = _flag(1e-4, "added to the group std before dividing")
-    loss_agg: str = _flag("drgrpo", "drgrpo (sum / max-new-tokens), seq-mean (GRPO) or token-mean (DAPO)",
-                          choices=["seq-mean", "token-mean", "drgrpo"])
-    clip_eps_high: float = _flag(-1.0, "PPO clip range above 1 (DAPO clip-higher); -1 = --clip-eps")
+    loss_agg: str = _flag("drgrpo", "drgrpo (sum / max-new-tokens) or seq-mean (GRPO)", choices=["seq-mean", "drgrpo"])
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
@@ -229,23 +227,19 @@ def kl_k3(logprobs, ref_logprobs):
 
 
 # ----- TODO 3: the clipped policy-gradient loss -----
-def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, clip_eps_high=None,
-                        loss_agg="seq-mean", num_tokens=None):
-    """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A) with
-    ratio = exp(logprobs - old_logprobs) (its log clamped to +-20, for fp32) and A the completion's advantage, reduced
-    over the masked tokens. seq-mean (default, the GRPO paper's): the mean over each completion's tokens, then over
-    completions; drgrpo (Dr. GRPO's, the runs'): their sum / (num_tokens * completions); token-mean (DAPO's): one
-    mean of all. eps_high, DAPO's clip-higher: the upper edge 1 + eps_high (default eps)."""
+def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, loss_agg="seq-mean",
+                        num_tokens=None):
+    """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with
+    ratio = exp(logprobs - old_logprobs) and A the completion's advantage, reduced over the masked tokens: seq-mean
+    (default, the GRPO paper's) averages each completion's tokens, then the completions; drgrpo (Dr. GRPO's, the
+    runs') sums them and divides by num_tokens * completions."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
-    high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
-    per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + high) * adv)   # [batch, seq]
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)   # [batch, seq]
     if loss_agg == "drgrpo":
         return masked_mean_drgrpo(per_token, loss_mask, num_tokens or per_token.shape[-1])
-    if loss_agg == "token-mean":                         # one mean over every token: the batch as a single row
-        return masked_mean(per_token.reshape(1, -1), loss_mask.reshape(1, -1))
     return masked_mean(per_token, loss_mask)
 
 
@@ -366,16 +360,15 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
 
 def micro_batch_rows(rollout: Rollout, cfg: Config):
     """(rows, columns, share) of each micro-batch: micro_batch_size rows cut after their last completion column, at
-    their share of the loss (rows; tokens under token-mean), so the gradients add up to the whole batch's. Rows whose
-    gradient is exactly 0 (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
+    their share of the batch's rows, so the gradients add up to the whole batch's. Rows whose gradient is exactly 0
+    (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
     live = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
         ((rollout.advantages != 0) | (rollout.ref_logprobs is not None))        # [rows]
-    index, tokens = live.nonzero().squeeze(1), rollout.loss_mask.sum().item()
+    index = live.nonzero().squeeze(1)
     for start in range(0, len(index), cfg.micro_batch_size):
         rows = index[start:start + cfg.micro_batch_size]
         used = rollout.loss_mask[rows.to(rollout.loss_mask.device)]             # [micro, seq]
-        share = used.sum().item() / max(tokens, 1) if cfg.loss_agg == "token-mean" else len(rows) / len(live)
-        yield rows, int(used.any(0).nonzero()[-1]) + 1, share
+        yield rows, int(used.any(0).nonzero()[-1]) + 1, len(rows) / len(live)
 
 
 def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_batch_size rows, with their shares
@@ -451,8 +444,8 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
                 loss = compute_policy_loss(   # old log-probs: these, detached (ratio 1), unless a run saved them
                     logprobs, logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs,
-                    micro.advantages, micro.loss_mask, cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
-                    loss_agg=cfg.loss_agg, num_tokens=cfg.max_new_tokens)
+                    micro.advantages, micro.loss_mask, cfg.clip_eps, loss_agg=cfg.loss_agg,
+                    num_tokens=cfg.max_new_tokens)
                 (share * hooks.penalized(micro, logprobs, loss)).backward()
             rollout.grad_norm = clip_grad_norm_([w for group in optimizer.param_groups for w in group["params"]],
                                                 cfg.max_grad_norm).item()      # every weight the optimizer steps
@@ -524,7 +517,7 @@ import warnings
 class RunConfig(Config):
     """Config and what a run around the loop reads; every field is a flag (build_arg_parser), after Config's."""
     # data
-    task: str = _flag("gsm8k", "gsm8k, or generated word problems", choices=["gsm8k", "arithmetic", "two-step"])
+    task: str = _flag("gsm8k", "gsm8k, or generated word problems", choices=["gsm8k", "arithmetic"])
     train_size: int = _flag(0, "training problems taken from the train split (0 = all)")
     eval_size: int = _flag(0, "test problems scored greedily before and after training (0 = all 1,319)")
     eval_start: int = _flag(0, "position of the first evaluation problem in its split")
@@ -629,7 +622,6 @@ def validate_config(cfg: RunConfig) -> None:
     require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps,
             "--lr-decay (on in --demo) needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps); "
             "--no-lr-decay turns it off")
-    require(cfg.clip_eps_high == -1 or 0 < cfg.clip_eps_high < 1, "--clip-eps-high must lie in (0, 1), or be -1")
     if cfg.lora_rank:
         import importlib.util
         require(importlib.util.find_spec("peft"), "--lora-rank needs peft, which is not installed: pip install peft")
@@ -727,7 +719,7 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     idle = {("val_size",): cfg.eval_only and cfg.eval_split == "test" and
             "with --eval-only on the test split (it holds out train problems for --eval-split validation)",
             ("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
-            ("clip_eps", "clip_eps_high"): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 (the "
+            ("clip_eps",): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 (the "
                                                                    "clip acts from --ppo-epochs 2 on)",
             ("advantage_eps",): cfg.advantage == "drgrpo" and "with --advantage drgrpo (no division by the std)",
             ("max_draws",): cfg.signal_groups == 0 and "with --min-signal-groups 0 (a step per batch)"}
@@ -1133,13 +1125,12 @@ def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
 
 
 @torch.no_grad()
-def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2, clip_eps_high=None) -> dict:
+def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2) -> dict:
     """TODO 3's statistics: the share of tokens whose ratio is past the clip, and approx_kl (k3 of KL(old || new))."""
     mask = loss_mask.bool()
     logratio = torch.where(mask, logprobs.float() - old_logprobs.float(), 0.0).clamp(-20.0, 20.0)
     ratio = torch.exp(logratio)
-    high = clip_eps if clip_eps_high is None or clip_eps_high < 0 else clip_eps_high
-    return {"clipfrac": masked_token_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).float(), mask).item(),
+    return {"clipfrac": masked_token_mean(((ratio < 1.0 - clip_eps) | (ratio > 1.0 + clip_eps)).float(), mask).item(),
             "approx_kl": masked_token_mean((ratio - 1.0) - logratio, mask).item()}
 
 
@@ -1239,7 +1230,7 @@ class UpdateHooks(Hooks):
         cfg, mask, weight = self.cfg, micro.loss_mask, self.chunks[self.index][2]
         with torch.no_grad():
             old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
-            for key, value in clip_stats(logprobs, old, mask, cfg.clip_eps, cfg.clip_eps_high).items():
+            for key, value in clip_stats(logprobs, old, mask, cfg.clip_eps).items():
                 self.stats[key] += weight / self.covered * value / cfg.ppo_epochs
             if self.epoch == 0:                # the entropy of the policy sampled from, at the completion's tokens
                 start = min(max(1, micro.prompt_length), logprobs.shape[1])
@@ -1251,7 +1242,6 @@ class UpdateHooks(Hooks):
         if micro.ref_logprobs is not None:         # its k3 KL, reduced as compute_policy_loss reduces the loss
             kl = kl_k3(logprobs, micro.ref_logprobs)
             kl = masked_mean_drgrpo(kl, mask, cfg.max_new_tokens or kl.shape[-1]) if cfg.loss_agg == "drgrpo" else \
-                masked_mean(kl.reshape(1, -1), mask.reshape(1, -1)) if cfg.loss_agg == "token-mean" else \
                 masked_mean(kl, mask)
             self.stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
             loss = loss + cfg.kl_coef * kl
@@ -1864,9 +1854,7 @@ REDUCTION_WORDS = {"drgrpo": ("sum / (answers x {max_new_tokens})", "summed over
                               "answers x {max_new_tokens} (the budget): an answer's length does not reweight its "
                               "tokens (Dr. GRPO)"),
                    "seq-mean": ("mean per answer, then over answers", "averaged over each answer's tokens, then over "
-                                "answers (the GRPO paper's)"),
-                   "token-mean": ("mean over answer tokens", "averaged over all answer tokens of a micro-batch "
-                                  "(DAPO's)")}
+                                "answers (the GRPO paper's)")}
 STEP_COLUMNS = "| step | sampled reward | loss | grad norm | policy moved (KL) | entropy | mean length | share cut |"
 
 
@@ -1913,15 +1901,15 @@ def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
 def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dict], after: list[dict],
                    limit: int = 10) -> list[str]:
     """Sections 1-4: the method as `c` ran it, the hyperparameters, every Nth step, the first `limit` flips each way."""
-    high, signal_groups = c["clip_eps_high"] if c["clip_eps_high"] >= 0 else c["clip_eps"], RunConfig(
-        min_signal_groups=c["min_signal_groups"], batch_size=c["batch_size"]).signal_groups
+    signal_groups = RunConfig(min_signal_groups=c["min_signal_groups"], batch_size=c["batch_size"]).signal_groups
+    low, high = 1 - c["clip_eps"], 1 + c["clip_eps"]
     lines = ["", "## 1. Algorithm and implementation, as this run ran", "",
              "- Reward: 1 if the answer's final number equals the gold answer, else 0" + (
                  f", plus {c['format_reward']:g} for a well-formed last line" if c["format_reward"] else "") + (
                  "; only the last line's number counts" if c["strict_answer"] else "") + ".",
              f"- Advantage, per group of {c['group_size']} answers to one question: "
              f"{ADVANTAGE_WORDS[c['advantage']][1].format(**c)}.",
-             f"- Loss per answer token: -min(rho A, clip(rho, {1 - c['clip_eps']:g}, {1 + high:g}) A), rho = "
+             f"- Loss per answer token: -min(rho A, clip(rho, {low:g}, {high:g}) A), rho = "
              "pi_new(token) / pi_old(token); " + (f"{c['ppo_epochs']} updates per batch on the same answers, pi_old "
              "their log-probabilities before the first" if c["ppo_epochs"] > 1 else "one update per batch, so rho = "
              "1 and the clip never acts: a token's gradient is -A times its log-probability's") + (
@@ -1940,7 +1928,7 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
                 "questions x answers per step": f"{c['batch_size']} x {c['group_size']}",
                 "new tokens at most": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
                 "learning rate; schedule": f"{c['learning_rate']:g}; {schedule}",
-                "clip range": f"{1 - c['clip_eps']:g} to {1 + high:g}", "KL penalty": f"{c['kl_coef']:g}",
+                "clip range": f"{low:g} to {high:g}", "KL penalty": f"{c['kl_coef']:g}",
                 "loss reduction": REDUCTION_WORDS[c["loss_agg"]][0].format(**c),
                 "advantage": ADVANTAGE_WORDS[c["advantage"]][0].format(**c),
                 "steps run (at most)": f"{summary.get('steps', 0)} ({c['max_steps'] or 'no limit'})", "seed": c["seed"]}
@@ -2283,31 +2271,17 @@ def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path
     return folder
 
 
-def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), steps: int = 1) -> list[dict]:
-    """Distinct word problems with GSM8K-style answers: one step (a + b) or two (a + b * c, a - b + c)."""
+def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset()) -> list[dict]:
+    """Distinct one-step word problems (a + b) with GSM8K-style answers."""
     names = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
     items = ["apples", "books", "coins", "pens", "cards", "shells"]
     problems, seen = [], set(exclude)
     while len(problems) < n:
-        if steps == 1:
-            a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(names), rng.choice(items)
-            question = f"{name} has {a} {item} and gets {b} more. How many now?"
-            work = [f"{a} + {b} = {a + b}"]
-        elif rng.random() < 0.5:
-            a, b, c, name, item = rng.randint(2, 20), rng.randint(2, 5), rng.randint(2, 9), rng.choice(names), \
-                rng.choice(items)
-            question = (f"{name} has {a} {item}. {name} buys {b} boxes with {c} {item} in each. How many {item} "
-                        f"does {name} have now?")
-            work = [f"{b} * {c} = {b * c}", f"{a} + {b * c} = {a + b * c}"]
-        else:
-            a, name, item = rng.randint(10, 40), rng.choice(names), rng.choice(items)
-            b, c = rng.randint(1, a - 1), rng.randint(1, 20)
-            question = (f"{name} has {a} {item}, gives {b} to a friend, then finds {c} more. How many {item} does "
-                        f"{name} have now?")
-            work = [f"{a} - {b} = {a - b}", f"{a - b} + {c} = {a - b + c}"]
+        a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(names), rng.choice(items)
+        question = f"{name} has {a} {item} and gets {b} more. How many now?"
         if question not in seen:
             seen.add(question)
-            problems.append({"question": question, "answer": "\n".join(work) + f"\n#### {work[-1].rsplit(' ', 1)[1]}"})
+            problems.append({"question": question, "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
     return problems
 
 
@@ -2315,19 +2289,19 @@ def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset(), s
 class Task:
     """Where a task's problems come from and what its prompt asks; every task is in GSM8K's format, scored as it."""
     instruction: str
-    steps: int = 0      # word problems of this many steps, generated when no --dataset is given; 0: GSM8K
+    generated: bool = False      # word problems generated when no --dataset is given; else GSM8K
 
     def load(self, dataset: str, split: str):
         """A --dataset folder when given, else the task's generated problems ('train', 'test[:N]', ...): a fixed test
         set (a seed no choice of settings ever scored), and training problems never repeating it."""
-        if dataset or not self.steps:
+        if dataset or not self.generated:
             return load_split(dataset, split)
         match = re.fullmatch(r"(\w+)(?:\[(\d*):(\d*)\])?", split)
         if not match:
             raise UserError(f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
-        test = word_problems(200, random.Random(f"held-out test {self.steps}"), steps=self.steps)
+        test = word_problems(200, random.Random("held-out test 1"))
         problems = test if match.group(1) == "test" else word_problems(
-            2000, random.Random(100 + self.steps), exclude={p["question"] for p in test}, steps=self.steps)
+            2000, random.Random(101), exclude={p["question"] for p in test})
         return enough_rows(problems[int(match.group(2) or 0):int(match.group(3) or 0) or None], split)
 
 
@@ -2346,10 +2320,9 @@ class TaskDataset(GSM8KDataset):
 
 
 HASH_INSTRUCTION = ("Solve the math word problem. Reason step by step, then give the final answer on its own "
-                    "last line as '#### <number>'.")       # GSM8K's own form, for the generated tasks
+                    "last line as '#### <number>'.")       # GSM8K's own form, for the generated task
 # GSM8K, and word problems a small model can learn on a CPU in minutes
-TASKS = {"gsm8k": Task(GSM8K_INSTRUCTION), "arithmetic": Task(HASH_INSTRUCTION, steps=1),
-         "two-step": Task(HASH_INSTRUCTION, steps=2)}
+TASKS = {"gsm8k": Task(GSM8K_INSTRUCTION), "arithmetic": Task(HASH_INSTRUCTION, generated=True)}
 
 
 # ----- The demo: a tiny Qwen2 model and an addition task, through the same pipeline on a CPU -----

@@ -41,11 +41,10 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "gsm8k"
 
 def every_row(rollout, cfg):
     """micro_batch_rows less its filter: every row runs, at its share of the loss."""
-    rows_all, tokens = len(rollout.completions), rollout.loss_mask.sum().item()
+    rows_all = len(rollout.completions)
     for start in range(0, rows_all, cfg.micro_batch_size):
         rows = torch.arange(start, min(start + cfg.micro_batch_size, rows_all))
-        yield rows, rollout.output_ids.shape[1], rollout.loss_mask[rows].sum().item() / max(tokens, 1) \
-            if cfg.loss_agg == "token-mean" else len(rows) / rows_all
+        yield rows, rollout.output_ids.shape[1], len(rows) / rows_all
 
 
 def previous_path():

@@ -6,7 +6,7 @@
 Record once before a change (say from `git worktree add /tmp/before HEAD`) and once after, then compare: a
 refactoring that moves code but not arithmetic gives the same records and byte-identical final/ weights. The runs
 cover the paths a re-layout could disturb: signal filling (several draws a step), the KL reference with two PPO
-epochs and clip-higher, the mean-only advantage with DAPO's token mean, bf16 weights with stochastic rounding
+epochs, the mean-only advantage with the GRPO paper's mean per completion, bf16 weights with stochastic rounding
 and gradient checkpointing, LoRA (when peft is installed), and a checkpoint resumed mid-run. About two minutes.
 """
 import hashlib
@@ -23,9 +23,9 @@ COMMON = ["--device", "cpu", "--prompt-style", "plain", "--eval-size", "8", "--b
           "4", "--lr-warmup-steps", "1", "--plot-every", "0", "--seed", "3", "--learning-rate", "5e-4"]
 RUNS = {
     "signal": ["--max-steps", "3", "--max-draws", "2", "--min-signal-groups", "2", "--dtype", "float32"],
-    "kl": ["--max-steps", "2", "--kl-coef", "0.05", "--ppo-epochs", "2", "--clip-eps-high", "0.28",
-           "--min-signal-groups", "0", "--dtype", "float32"],
-    "mean-only": ["--max-steps", "2", "--advantage", "drgrpo", "--loss-agg", "token-mean", "--min-signal-groups",
+    "kl": ["--max-steps", "2", "--kl-coef", "0.05", "--ppo-epochs", "2", "--min-signal-groups", "0",
+           "--dtype", "float32"],
+    "mean-only": ["--max-steps", "2", "--advantage", "drgrpo", "--loss-agg", "seq-mean", "--min-signal-groups",
                   "0", "--dtype", "float32", "--mask-truncated"],
     "bf16": ["--max-steps", "2", "--dtype", "bfloat16", "--gradient-checkpointing", "on", "--min-signal-groups", "0"],
     "lora": ["--max-steps", "2", "--lora-rank", "4", "--learning-rate", "1e-2", "--min-signal-groups", "0",

@@ -99,7 +99,7 @@ def test_help_lists_every_flag_with_its_default():
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     for name in ("--group-size", "--max-new-tokens", "--learning-rate", "--prompt-style", "--loss-agg", "--demo",
-                 "--resume", "--report", "--save-every", "--kl-coef", "--clip-eps-high", "--format-reward"):
+                 "--resume", "--report", "--save-every", "--kl-coef", "--ppo-epochs", "--format-reward"):
         assert name in text, name
     assert "(the G of GRPO) (default: 16)" in text and "(default: ./gsm8k)" in text
 
@@ -443,14 +443,14 @@ def test_the_demo_on_a_gpu_that_is_not_there_is_refused_before_its_warm_up(tmp_p
 
 
 def test_a_generated_task_runs_end_to_end_without_a_dataset_under_the_variant_flags(model_dir, tmp_path, capsys):
-    out = tmp_path / "two-step"
-    code = gh.main([str(model_dir), "--task", "two-step", "--output-dir", str(out), "--device",   # no --dataset
+    out = tmp_path / "arithmetic"
+    code = gh.main([str(model_dir), "--task", "arithmetic", "--output-dir", str(out), "--device",   # no --dataset
                     "cpu", "--train-size", "8", "--eval-size", "4", "--batch-size", "2", "--group-size", "4",
                     "--max-new-tokens", "8", "--generation-batch-size", "8", "--max-steps", "1",
                     "--advantage", "drgrpo", "--loss-agg", "drgrpo", "--ppo-epochs", "2", "--format-reward", "0.1"])
     assert code == 0, capsys.readouterr().err[-2000:]
     record = json.loads((out / "eval_before.jsonl").read_text().splitlines()[0])
-    assert record["question"] == gh.TASKS["two-step"].load("", "test[:1]")[0]["question"]
+    assert record["question"] == gh.TASKS["arithmetic"].load("", "test[:1]")[0]["question"]
     assert isinstance(record["gold"], float)
     summary = json.loads((out / "summary.json").read_text())
     assert "format_rate" in summary["after"] and summary["steps"] == 1

@@ -101,11 +101,9 @@ def test_policy_loss_hand_computed():
     assert loss.item() == pytest.approx((-0.9 + 2.3) / 2)
     stats = gh.clip_stats(logprobs, old, mask, 0.2)     # ratios 1.5, 0.5, 1.5, 0.5 of 5 tokens are past the clip
     assert stats["clipfrac"] == pytest.approx(4 / 5)
-    token_mean = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, loss_agg="token-mean")
-    assert token_mean.item() == pytest.approx((-1 - 1.2 - 0.5 + 3 + 1.6) / 5)
-    # clip-higher: row 0 token 1 now counts 1.5 (upper bound 1.5), everything else unchanged
-    high = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, clip_eps_high=0.5)
-    assert high.item() == pytest.approx(((-1 - 1.5 - 0.5) / 3 + 2.3) / 2)
+    # Dr. GRPO's: the five tokens' sum over (3 tokens x 2 completions)
+    drgrpo = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, loss_agg="drgrpo", num_tokens=3)
+    assert drgrpo.item() == pytest.approx((-1 - 1.2 - 0.5 + 3 + 1.6) / 6)
 
 
 def test_a_bf16_models_log_probs_reach_the_loss_in_fp32(model_dir):
@@ -593,7 +591,7 @@ def _rollout_of(model, tok, cfg, questions, seed=0):
     return gh.Rollout.of(sample, rewards, advantages, cfg.mask_truncated)
 
 
-@pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
+@pytest.mark.parametrize("loss_agg", ["seq-mean", "drgrpo"])
 def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_tokenizer, loss_agg):
     model, tok = model_and_tokenizer
     cfg = gh.RunConfig(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, kl_coef=0.1)
@@ -611,7 +609,7 @@ def test_micro_batch_accumulation_equals_the_full_batch_gradient(model_and_token
     assert torch.allclose(deltas[0], deltas[1], atol=1e-6) and torch.allclose(deltas[0], deltas[2], atol=1e-6)
 
 
-@pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
+@pytest.mark.parametrize("loss_agg", ["seq-mean", "drgrpo"])
 def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model_and_tokenizer, loss_agg):
     model, tok = model_and_tokenizer
     cfg = gh.RunConfig(group_size=4, max_new_tokens=6, loss_agg=loss_agg, max_grad_norm=1e9, micro_batch_size=5)
@@ -741,7 +739,7 @@ def test_truncated_completions_are_counted_and_can_be_masked(model_and_tokenizer
 
 def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    cfg = gh.RunConfig(group_size=4, max_new_tokens=4, loss_agg="token-mean", mask_truncated=True)
+    cfg = gh.RunConfig(group_size=4, max_new_tokens=4, loss_agg="seq-mean", mask_truncated=True)
     rollout = _rollout(model, tok, cfg)
     rollout.loss_mask[:] = False                          # as if every completion had been cut and masked
     before = [p.detach().clone() for p in model.parameters()]
@@ -750,7 +748,7 @@ def test_a_step_whose_completions_are_all_masked_changes_nothing(model_and_token
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
-@pytest.mark.parametrize("loss_agg", ["seq-mean", "token-mean", "drgrpo"])
+@pytest.mark.parametrize("loss_agg", ["seq-mean", "drgrpo"])
 def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_tokenizer, monkeypatch, loss_agg):
     """--mask-truncated: a cut row's gradient is exactly 0 whatever its advantage, so the update runs no pass over
     it and ends where running every row would have put it."""
@@ -777,11 +775,10 @@ def test_rows_masked_out_of_the_loss_are_not_run_and_change_nothing(model_and_to
     rows_run, ours = update()
 
     def every_row(rollout, cfg):                  # micro_batch_rows less its filter: every row runs, at its share
-        rows_all, tokens = len(rollout.completions), rollout.loss_mask.sum().item()
+        rows_all = len(rollout.completions)
         for start in range(0, rows_all, cfg.micro_batch_size):
             rows = torch.arange(start, min(start + cfg.micro_batch_size, rows_all))
-            yield rows, rollout.output_ids.shape[1], rollout.loss_mask[rows].sum().item() / tokens \
-                if cfg.loss_agg == "token-mean" else len(rows) / rows_all
+            yield rows, rollout.output_ids.shape[1], len(rows) / rows_all
     monkeypatch.setattr(gh, "micro_batch_rows", every_row)
     rows_every, reference = update()
     assert (rows_run, rows_every) == (8, 12)

@@ -62,8 +62,7 @@ def check_against_records(run_dir: Path, text: str) -> None:
     assert settings["clip range"] == f"{1 - config['clip_eps']:g} to {1 + config['clip_eps']:g}"
     assert float(settings["KL penalty"]) == config["kl_coef"] and settings["seed"] == str(config["seed"])
     assert settings["loss reduction"] == {"drgrpo": f"sum / (answers x {config['max_new_tokens']})",
-                                          "seq-mean": "mean per answer, then over answers",
-                                          "token-mean": "mean over answer tokens"}[config["loss_agg"]]
+                                          "seq-mean": "mean per answer, then over answers"}[config["loss_agg"]]
     assert settings["advantage"] == {"grpo": f"(r - group mean) / (group std + {config['advantage_eps']:g})",
                                      "drgrpo": "r - group mean"}[config["advantage"]]
     assert settings["steps run (at most)"] == f"{summary['steps']} ({config['max_steps']})"
@@ -157,8 +156,8 @@ def test_a_stopped_run_writes_what_it_has_and_says_what_is_missing(model_dir, gs
 
 def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
     """A record written by hand with the non-default choices: each one is named in the draft as it ran."""
-    config = {"model_path": "/models/Qwen2.5-1.5B-Instruct", "advantage": "drgrpo", "loss_agg": "token-mean",
-              "ppo_epochs": 2, "clip_eps": 0.2, "clip_eps_high": 0.28, "format_reward": 0.2, "strict_answer": True,
+    config = {"model_path": "/models/Qwen2.5-1.5B-Instruct", "advantage": "drgrpo", "loss_agg": "seq-mean",
+              "ppo_epochs": 2, "clip_eps": 0.25, "format_reward": 0.2, "strict_answer": True,
               "mask_truncated": True, "lr_warmup_steps": 10, "lr_decay": True, "learning_rate": 1e-5,
               "lora_rank": 16, "lora_alpha": 32, "lora_targets": "q_proj,v_proj", "min_signal_groups": 0,
               "kl_coef": 0.0, "max_steps": 50, "dtype": "bfloat16"}
@@ -168,15 +167,17 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
     assert "- Reward: 1 if the answer's final number equals the gold answer, else 0, plus 0.2 for a well-formed last " \
            "line; only the last line's number counts." in text
     assert "A_i = r_i - mean of its group, not divided by the std (Dr. GRPO)." in text
-    assert "clip(rho, 0.8, 1.28) A)" in text and "2 updates per batch on the same answers, pi_old their " \
+    assert "clip(rho, 0.75, 1.25) A)" in text and "2 updates per batch on the same answers, pi_old their " \
            "log-probabilities before the first; answers cut at the budget left out." in text
-    assert "- Reduction: averaged over all answer tokens of a micro-batch (DAPO's); no KL penalty." in text
+    assert "- Reduction: averaged over each answer's tokens, then over answers (the GRPO paper's); no KL " \
+           "penalty." in text
     assert "more batches drawn" not in text          # --min-signal-groups 0: a step per batch
     settings = dict(rows(text, "| setting | value |"))
     assert settings["learning rate; schedule"] == "1e-05; warm-up 10 steps, then linear decay to 0"
     assert settings["weights trained"] == "LoRA rank 16, alpha 32, q_proj,v_proj"
-    assert settings["clip range"] == "0.8 to 1.28" and settings["steps run (at most)"] == "7 (50)"
-    assert settings["model"] == "Qwen2.5-1.5B-Instruct" and settings["loss reduction"] == "mean over answer tokens"
+    assert settings["clip range"] == "0.75 to 1.25" and settings["steps run (at most)"] == "7 (50)"
+    assert settings["model"] == "Qwen2.5-1.5B-Instruct"
+    assert settings["loss reduction"] == "mean per answer, then over answers"
     assert "Missing: the evaluation before training (eval_before.jsonl) and the evaluation after training" in text
 
 
