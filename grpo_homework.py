@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -230,9 +231,9 @@ def kl_k3(logprobs, ref_logprobs):
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, loss_agg="seq-mean",
                         num_tokens=None):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with
-    ratio = exp(logprobs - old_logprobs) and A the completion's advantage, reduced over the masked tokens: seq-mean
-    (default, the GRPO paper's) averages each completion's tokens, then the completions; drgrpo (Dr. GRPO's, the
-    runs') sums them and divides by num_tokens * completions."""
+    ratio = exp(logprobs - old_logprobs) (its log clamped to +-20, as verl does) and A the completion's advantage,
+    reduced over the masked tokens: seq-mean (default, the GRPO paper's) averages each completion's tokens, then the
+    completions; drgrpo (Dr. GRPO's, the runs') sums them and divides by num_tokens * completions."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
@@ -324,14 +325,19 @@ class Rollout:
     grad_norm: float = math.nan                # of the last update on it, before clipping
 
     @classmethod
-    def of(cls, sample: dict, rewards, advantages, mask_truncated: bool = False) -> "Rollout":
-        """A sample with its rewards and advantages (a sampler's three keys suffice: every completion column trains)."""
-        ids, start = sample["output_ids"], sample["prompt_length"]
-        completion_columns = (torch.arange(ids.shape[1], device=ids.device) >= start).expand_as(ids)     # [rows, seq]
-        truncated = sample.get("truncated", torch.zeros(len(ids), dtype=torch.bool, device=ids.device))   # [rows]
-        loss_mask = sample.get("completion_mask", completion_columns).bool() & ~(truncated[:, None] & mask_truncated)
-        return cls(ids, sample.get("attention_mask", torch.ones_like(ids)), loss_mask, start, sample["completions"],
-                   rewards, advantages, truncated.cpu(), sample.get("completion_lengths", loss_mask.sum(1)).cpu())
+    def of(cls, sample: dict, rewards, advantages, mask_truncated: bool = False, tokenizer=None) -> "Rollout":
+        """A sample with its rewards and advantages; from a sampler's three keys alone, a completion ends at its first
+        EOS or pad token (the tokenizer's) and a prompt starts at its first token that is not padding."""
+        ids, start, pad = sample["output_ids"], sample["prompt_length"], getattr(tokenizer, "pad_token_id", None)
+        ends = [t for t in (getattr(tokenizer, "eos_token_id", None), pad) if isinstance(t, int)]
+        ended = torch.isin(ids, torch.tensor(ends, dtype=ids.dtype, device=ids.device))    # [rows, seq]
+        ended[:, :start] = False                                                            # the prompt's own
+        completion = (torch.arange(ids.shape[1], device=ids.device) >= start) & (ended.cumsum(1) - ended.int() == 0)
+        truncated = sample.get("truncated", ~ended.any(1))                                  # [rows]
+        loss_mask = sample.get("completion_mask", completion).bool() & ~(truncated[:, None] & mask_truncated)
+        attention = sample.get("attention_mask", (ids != pad).cumsum(1) > 0 if isinstance(pad, int) else ids >= 0)
+        return cls(ids, attention.long(), loss_mask, start, sample["completions"], rewards, advantages, truncated.cpu(),
+                   sample.get("completion_lengths", loss_mask.sum(1)).cpu())
 
     def rows(self, rows: torch.Tensor, columns: int | None = None) -> "Rollout":
         """These rows only (a tensor of indices), and with `columns` only the first that many columns."""
@@ -392,7 +398,7 @@ class Hooks:
     def batches(self, loader, num_epochs: int):
         for _ in range(num_epochs):
             for batch in loader:
-                if not isinstance(batch, dict):      # a collate_fn that keeps the list of items
+                if not isinstance(batch, Mapping):      # a collate_fn that keeps the list of items
                     raise TypeError(f"train_loader gave a {type(batch).__name__}, not a batch dict (collate_prompts)")
                 yield batch
 
@@ -437,7 +443,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
         advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
                                              advantage_eps=cfg.advantage_eps)
         # 4. The update: log-probs, clipped loss and backward pass micro-batch by micro-batch, then one clipped step
-        for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg.mask_truncated)):   # a run: PPO epochs
+        for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg.mask_truncated, tokenizer)):
             optimizer.zero_grad()
             for micro, share in micro_batches(rollout, cfg):               # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
@@ -1925,9 +1931,12 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
         "linear decay to 0" if c["lr_decay"] else "constant")
     settings = {"model": Path(c["model_path"]).name, "dtype": c["dtype"], "weights trained": f"LoRA rank "
                 f"{c['lora_rank']}, alpha {c['lora_alpha']}, {c['lora_targets']}" if c["lora_rank"] else "all",
-                "questions x answers per step": f"{c['batch_size']} x {c['group_size']}",
+                "questions x answers per update": f"{max(signal_groups, c['batch_size'])} x {c['group_size']}" + (
+                    f", from up to {(1 + c['max_draws']) * c['batch_size']} questions drawn" if signal_groups else ""),
                 "new tokens at most": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
                 "learning rate; schedule": f"{c['learning_rate']:g}; {schedule}",
+                "optimizer": f"AdamW, weight decay {c['weight_decay']:g}" + (
+                    "; bf16 weights rounded stochastically" if c["dtype"] == "bfloat16" else ""),
                 "clip range": f"{low:g} to {high:g}", "KL penalty": f"{c['kl_coef']:g}",
                 "loss reduction": REDUCTION_WORDS[c["loss_agg"]][0].format(**c),
                 "advantage": ADVANTAGE_WORDS[c["advantage"]][0].format(**c),

@@ -55,7 +55,12 @@ def check_against_records(run_dir: Path, text: str) -> None:
     settings = dict(rows(text, "| setting | value |"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert settings["model"] == Path(config["model_path"]).name and settings["dtype"] == config["dtype"]
-    assert settings["questions x answers per step"] == f"{config['batch_size']} x {config['group_size']}"
+    drawn = (1 + config["max_draws"]) * config["batch_size"]       # the step pools batches for groups with signal
+    assert settings["questions x answers per update"] == f"{config['batch_size']} x {config['group_size']}" + (
+        f", from up to {drawn} questions drawn" if config["min_signal_groups"] else "")
+    assert max(m["prompts_drawn"] for m in records(run_dir, "metrics.jsonl")) <= drawn
+    assert settings["optimizer"] == f"AdamW, weight decay {config['weight_decay']:g}" + (
+        "; bf16 weights rounded stochastically" if config["dtype"] == "bfloat16" else "")
     assert settings["new tokens at most"] == str(config["max_new_tokens"])
     assert float(settings["temperature"]) == config["temperature"]
     assert float(settings["learning rate; schedule"].split(";")[0]) == config["learning_rate"]
@@ -182,7 +187,8 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
 
 
 def test_a_finished_run_whose_evaluations_were_removed_is_not_sent_to_resume(tmp_path):
-    """--resume refuses a finished run: the draft must not tell its user to run it (plots/demo-seed0 keeps no eval_*)."""
+    """--resume refuses a finished run: the draft must not tell its user to run it (plots/demo-seed0 keeps no
+    eval_*)."""
     gh.write_json(tmp_path / "config.json", {"config": {"model_path": "m"}, "argv": []})
     gh.write_json(tmp_path / "summary.json", {"steps": 3, "finished": True})
     text = gh.write_report_draft(tmp_path).read_text()

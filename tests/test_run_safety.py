@@ -694,7 +694,8 @@ def test_a_number_is_the_whole_token_after_the_marker(text, number):
 
 
 def test_the_format_bonus_needs_a_number_on_the_answer_line():
-    assert (gh.final_line_answer("so\n#### 42") is not None) and not (gh.final_line_answer("#### " + "9" * 100_000) is not None)
+    assert gh.final_line_answer("so\n#### 42") is not None
+    assert gh.final_line_answer("#### " + "9" * 100_000) is None
     rewards = gh.compute_reward(["#### " + "9" * 100_000, "#### 3/4", "#### 7"], [1.0, 1.0, 7.0], format_reward=0.1)
     assert rewards.tolist() == pytest.approx([0.0, 0.0, 1.1])
     assert math.isclose(gh.GSM8KDataset.extract_answer("x\n#### 2,000"), 2000.0)
@@ -1057,7 +1058,7 @@ def test_eval_only_scores_a_model_at_its_own_budget_and_trains_nothing(model_dir
     test_only = gh.write_hub_dataset(tmp_path / "test-only", {"test": PROBLEMS[:4]})    # no train split at all
     assert gh.main(eval_args(model_dir, test_only, out, "--max-new-tokens", "5")) == 0
     printed = capsys.readouterr().out
-    assert "Setting up optimizer" not in printed and "before training" not in printed and "starting model" not in printed
+    assert not any(words in printed for words in ("Setting up optimizer", "before training", "starting model"))
     assert f"Scoring {model_dir} (float32, 5 new tokens) on 4 test problems..." in printed
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "eval.jsonl", "report_draft.md", "run.lock",
                                                      "summary.json"]
@@ -1437,7 +1438,8 @@ def test_a_resume_that_lost_the_starting_models_scores_never_scores_a_checkpoint
     code, err = main_err(["--resume", run_copy, "--max-steps", "4"], capsys)
     assert code == 2 and f"its {lost} is missing" in err and "starting model's scores are lost" in err, err
     assert before is None or (run_copy / "eval_before.jsonl").read_text() == before
-    assert (run_copy / "final" / "model.safetensors").read_bytes() == weights and not (run_copy / "earlier-ends").exists()
+    assert (run_copy / "final" / "model.safetensors").read_bytes() == weights
+    assert not (run_copy / "earlier-ends").exists()
 
 
 def test_a_demo_whose_model_cannot_be_written_says_so_in_one_line_and_keeps_nothing(tmp_path):
