@@ -51,7 +51,7 @@ class Config:
     learning_rate: float = _flag(2e-6, "AdamW learning rate")
     num_epochs: int = _flag(1, "passes over the training problems")
     clip_eps: float = _flag(0.2, "PPO clip range: ratios outside [1 - eps, 1 + eps] are clipped")
-    # the objective: the GRPO paper's advantages, Dr. GRPO's loss reduction (README says why)
+    # the objective: the GRPO paper's advantages; Dr. GRPO's loss reduction, so that length does not reweight tokens
     advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
     advantage_eps: float = _flag(1e-4, "added to the group std before dividing")
     loss_agg: str = _flag("drgrpo", "drgrpo (sum / max-new-tokens) or seq-mean (GRPO)", choices=["seq-mean", "drgrpo"])
