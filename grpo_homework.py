@@ -121,7 +121,7 @@ class GSM8KDataset(Dataset):
 
     @staticmethod
     def extract_answer(answer_str):
-        """Gold number after a GSM8K answer's last '####' (a number as it is); None for anything else, "72" included."""
+        """The gold number after a GSM8K answer's last '####' (an int or float is taken as it is); else None."""
         if isinstance(answer_str, (int, float)) and not isinstance(answer_str, bool):
             return float(answer_str) if math.isfinite(answer_str) and float(answer_str) == answer_str else None
         if not isinstance(answer_str, str) or "####" not in answer_str:
@@ -280,7 +280,7 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
     (rows, prompt_length), batch_size = prompt_ids.shape, batch_size or len(prompt_ids)
     share_prefill = prefill is not None and num_samples > 1 and batch_size >= num_samples and prompt_length > 1
     batch_size -= batch_size % num_samples if share_prefill else 0
-    pieces, saved_config, was_training = [], model.generation_config, model.training
+    pieces, models_config, was_training = [], model.generation_config, model.training
     model.generation_config = GenerationConfig(eos_token_id=eos_ids)     # the model's own knobs out of generate()'s way
     model.eval()                  # HF turns the KV cache off in training mode when gradient checkpointing is on
     try:
@@ -292,7 +292,7 @@ def generate_completions(model, tokenizer, input_ids, attention_mask, max_new_to
                                      attention_mask=prompt_mask[start:start + batch_size], generation_config=config)
                 pieces.append(out[:, prompt_length:])
     finally:
-        model.generation_config, _ = saved_config, model.train(was_training)
+        model.generation_config, _ = models_config, model.train(was_training)
     width = max(p.shape[1] for p in pieces)
     new_tokens = torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces])  # [rows, new]
     is_eos = torch.isin(new_tokens, torch.tensor(eos_ids, device=new_tokens.device))

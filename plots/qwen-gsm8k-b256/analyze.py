@@ -128,7 +128,7 @@ def plot_curves(runs, out):
     panels = (("reward_mean", "mean reward of the samples (lines: the run's evaluation)"),
               ("completion_len_mean", "mean completion length, tokens"),
               ("truncated_frac", "share of samples cut at the token limit"),
-              ("policy_kl", "policy_kl: KL(before || after), nats a token"))
+              ("policy_kl", "policy moved: KL(before || after), nats a token"))
     fig, axes = plt.subplots(2, 2, figsize=(10, 6))
     for n, run in enumerate(runs):
         folder, _, name = str(run).partition("=")
