@@ -725,8 +725,8 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     idle = {("val_size",): cfg.eval_only and cfg.eval_split == "test" and
             "with --eval-only on the test split (it holds out train problems for --eval-split validation)",
             ("lora_alpha", "lora_targets"): not cfg.lora_rank and "without --lora-rank (full fine-tuning)",
-            ("clip_eps",): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 (the "
-                                                                   "clip acts from --ppo-epochs 2 on)",
+            ("clip_eps",): cfg.ppo_epochs == 1 and "with one PPO epoch, where every ratio is 1 (the clip acts from "
+                                                  "--ppo-epochs 2 on)",
             ("advantage_eps",): cfg.advantage == "drgrpo" and "with --advantage drgrpo (no division by the std)",
             ("max_draws",): cfg.signal_groups == 0 and "with --min-signal-groups 0 (a step per batch)"}
     for unused, why in idle.items():      # a flag that changes nothing would be recorded as if it had
