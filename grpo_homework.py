@@ -382,10 +382,10 @@ def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_b
 
 
 def step_line(r: dict) -> str:
-    """A step's line: what moves (not the loss: at ratio 1 it is near 0 whatever is learnt; its gradient trains)."""
+    """A step's line: what moves, not the loss (near 0 at ratio 1); a zero gradient (rewards alike?) takes no step."""
     return (f"step {r['step']}: mean reward {r['reward_mean']:.3f}, length {r['completion_len_mean']:.0f} tokens "
             f"({r['truncated_frac']:.0%} cut at the budget), " + (f"grad norm {r['grad_norm']:.3g}" if r["grad_norm"]
-                                                                   else "no update: no group's rewards differed"))
+                                                                   else "no update: zero gradient"))
 
 
 class Hooks:
