@@ -1,6 +1,6 @@
 r"""GRPO on GSM8K: train an instruct LLM (Qwen2.5-1.5B-Instruct) to solve grade-school math, on one CUDA GPU.
 
-The policy samples a group of completions per problem, each rewarded 1 when its final number is the gold answer, and
+The policy samples a group of completions per problem, each rewarded 1 when its last marked answer is the gold, and
 takes a PPO-style clipped step on advantages relative to its group (README.md: the choices; report.md: results).
 
     python grpo_homework.py --demo               # a tiny model learns addition on a CPU in minutes
@@ -183,8 +183,8 @@ def same_number(pred: float | None, gold: float | None) -> bool:
 
 
 def compute_reward(completions, ground_truth_answers, *, format_reward=0.0, strict_answer=False):
-    """1.0 per completion whose final number is the gold, else 0.0; plus `format_reward` if well formed (with
-    `strict_answer`, only the well-formed final line's number counts)."""
+    """1.0 per completion whose last marked answer ('#### N', '\\boxed{N}', 'answer is N') is the gold, else 0.0; plus
+    `format_reward` if well formed (with `strict_answer`, only the well-formed final line's number counts)."""
     golds = ground_truth_answers.tolist() if torch.is_tensor(ground_truth_answers) else list(ground_truth_answers)
     if len(golds) != len(completions):
         raise ValueError(f"{len(completions)} completions but {len(golds)} answers")
@@ -436,7 +436,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
         # 1. Sample group_size completions of each prompt from the current policy
         sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(
             device), cfg.max_new_tokens, cfg.temperature, cfg.group_size, **hooks.generation)
-        # 2. Reward each completion: 1 if its final number is its problem's gold answer
+        # 2. Reward each completion: 1 if the number after its last answer marker is its problem's gold answer
         rewards = compute_reward(sample["completions"], [answer for answer in batch["answer"]
                                                          for _ in range(cfg.group_size)], **cfg.reward_options)
         # 3. Advantages: each reward against its group's mean (and std)
@@ -1910,7 +1910,7 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
     signal_groups = RunConfig(min_signal_groups=c["min_signal_groups"], batch_size=c["batch_size"]).signal_groups
     low, high = 1 - c["clip_eps"], 1 + c["clip_eps"]
     lines = ["", "## 1. Algorithm and implementation, as this run ran", "",
-             "- Reward: 1 if the answer's final number equals the gold answer, else 0" + (
+             "- Reward: 1 if the number after the last marker (####, \\boxed{, 'answer is') is the gold, else 0" + (
                  f", plus {c['format_reward']:g} for a well-formed last line" if c["format_reward"] else "") + (
                  "; only the last line's number counts" if c["strict_answer"] else "") + ".",
              f"- Advantage, per group of {c['group_size']} answers to one question: "

@@ -169,8 +169,8 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
     gh.write_json(tmp_path / "config.json", {"config": config, "argv": []})
     gh.write_json(tmp_path / "summary.json", {"steps": 7})
     text = gh.write_report_draft(tmp_path).read_text()
-    assert "- Reward: 1 if the answer's final number equals the gold answer, else 0, plus 0.2 for a well-formed last " \
-           "line; only the last line's number counts." in text
+    assert "- Reward: 1 if the number after the last marker (####, \\boxed{, 'answer is') is the gold, " \
+           "else 0, plus 0.2 for a well-formed last line; only the last line's number counts." in text
     assert "A_i = r_i - mean of its group, not divided by the std (Dr. GRPO)." in text
     assert "clip(rho, 0.75, 1.25) A)" in text and "2 updates per batch on the same answers, pi_old their " \
            "log-probabilities before the first; answers cut at the budget left out." in text
