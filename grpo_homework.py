@@ -46,7 +46,7 @@ class Config:
     dataset: str = _flag("./gsm8k", "hub-layout folder or hub id; '' = the task's generated problems (not gsm8k)")
     batch_size: int = _flag(4, "prompts per step")
     group_size: int = _flag(16, "completions sampled per prompt (the G of GRPO)")
-    max_new_tokens: int = _flag(256, "completion length limit, in training and in the evaluations (the budget)")
+    max_new_tokens: int = _flag(256, "completion length limit (the token limit), in training and in the evaluations")
     temperature: float = _flag(0.7, "sampling temperature; log-probs divide logits by the same value")
     learning_rate: float = _flag(2e-6, "AdamW learning rate")
     num_epochs: int = _flag(1, "passes over the training problems")
@@ -384,7 +384,7 @@ def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_b
 def step_line(r: dict) -> str:
     """A step's line: what moves, not the loss (near 0 at ratio 1); a zero gradient (rewards alike?) takes no step."""
     return (f"step {r['step']}: mean reward {r['reward_mean']:.3f}, length {r['completion_len_mean']:.0f} tokens "
-            f"({r['truncated_frac']:.0%} cut at the budget), " + (f"grad norm {r['grad_norm']:.3g}" if r["grad_norm"]
+            f"({r['truncated_frac']:.0%} cut off at the limit), " + (f"grad norm {r['grad_norm']:.3g}" if r["grad_norm"]
                                                                    else "no update: zero gradient"))
 
 
@@ -1857,11 +1857,11 @@ ADVANTAGE_WORDS = {"grpo": ("(r - group mean) / (group std + {advantage_eps:g})"
                             "(std of its group + {advantage_eps:g}), the GRPO paper's"),
                    "drgrpo": ("r - group mean", "A_i = r_i - mean of its group, not divided by the std (Dr. GRPO)")}
 REDUCTION_WORDS = {"drgrpo": ("sum / (answers x {max_new_tokens})", "summed over every answer token and divided by "
-                              "answers x {max_new_tokens} (the budget): an answer's length does not reweight its "
+                              "answers x {max_new_tokens} (the token limit): an answer's length does not reweight its "
                               "tokens (Dr. GRPO)"),
                    "seq-mean": ("mean per answer, then over answers", "averaged over each answer's tokens, then over "
                                 "answers (the GRPO paper's)")}
-STEP_COLUMNS = "| step | sampled reward | loss | grad norm | policy moved (KL) | entropy | mean length | share cut |"
+STEP_COLUMNS = "| step | sampled reward | loss | grad norm | policy moved (KL) | entropy | mean length | cut off |"
 
 
 def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
@@ -1877,8 +1877,8 @@ def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
              "", "## Results", ""]
     if c["eval_only"]:
         problems = summary.get("scored", {}).get("problems", f"{len(before)} {c['eval_split']}")
-        lines += ["| model | problems | budget | accuracy |", "|---|---|---|---|", f"| {model} ({c['dtype']}) | "
-                  f"{problems} | {budget} | {accuracy(before)} |", "", "An --eval-only scoring, greedy: nothing "
+        lines += ["| model | problems | max new tokens | accuracy |", "|---|---|---|---|", f"| {model} ({c['dtype']})"
+                  f" | {problems} | {budget} | {accuracy(before)} |", "", "An --eval-only scoring, greedy: nothing "
                   "trained, so there are no hyperparameters, training log or answers before and after."]
     else:
         compared = "- | - | -"
@@ -1888,12 +1888,12 @@ def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
             low, high = paired["difference_95"]
             compared = f"{100 * (paired['gained'] - paired['lost']) / len(before):+.1f} ({low:+.1f} to {high:+.1f}) " \
                        f"| {paired['gained']} / {paired['lost']} | {paired['sign_test_p']:.3g}"
-        lines += ["| problems | budget | accuracy before | after | points (95% interval) | gained / lost | p |",
-                  "|---|---|---|---|---|---|---|", f"| {len(before or after)} {c['eval_split']} | {budget} | "
-                  f"{accuracy(before)} | {accuracy(after)} | {compared} |", "", "Greedy answers. Points: accuracy "
-                  "after minus before; the interval is Wald's for a paired difference, d +- 1.96 sqrt(((g + l) / n - "
-                  "d^2) / n) over n problems, g gained (right only after), l lost; p: the two-sided exact sign test "
-                  "over the g + l problems that flipped."]
+        lines += ["| problems | max new tokens | accuracy before | after | difference, points (95% CI) | newly right / "
+                  "newly wrong | p |", "|---|---|---|---|---|---|---|", f"| {len(before or after)} {c['eval_split']} | "
+                  f"{budget} | {accuracy(before)} | {accuracy(after)} | {compared} |", "", "Greedy answers. "
+                  "Difference: accuracy after minus before, in percentage points; CI: Wald's interval for a paired "
+                  "difference, d +- 1.96 sqrt(((g + l) / n - d^2) / n) over n problems, g newly right (right only "
+                  "after), l newly wrong; p: the two-sided exact sign test over the g + l problems that flipped."]
         if missing := [f"the evaluation {when} training (eval_{when}.jsonl)" for when, rows in
                        (("before", before), ("after", after)) if not rows]:
             lines += ["", f"Missing: {' and '.join(missing)}; " + ("the run finished, so they were removed from its "
@@ -1919,7 +1919,7 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
              "pi_new(token) / pi_old(token); " + (f"{c['ppo_epochs']} updates per batch on the same answers, pi_old "
              "their log-probabilities before the first" if c["ppo_epochs"] > 1 else "one update per batch, so rho = "
              "1 and the clip never acts: a token's gradient is -A times its log-probability's") + (
-                 "; answers cut at the budget left out" if c["mask_truncated"] else "") + ".",
+                 "; answers cut off at the limit left out" if c["mask_truncated"] else "") + ".",
              f"- Reduction: {REDUCTION_WORDS[c['loss_agg']][1].format(**c)}; " + (
                  f"plus {c['kl_coef']:g} x the k3 KL divergence to the starting model." if c["kl_coef"] else
                  "no KL penalty."),
@@ -1947,7 +1947,7 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
     lines += [*(f"![{name}](plots/{name})" for name in ("reward.png", "length.png", "clip_kl.png", "entropy.png")),
               "", ("Every step" if every == 1 else f"Step 1, each step divisible by {every}, and the last") + ": grad "
               "norm before clipping; policy moved: mean per-token KL divergence from the policy before the step to "
-              "after it, and entropy per answer token, both in nats; share cut: answers stopped at the budget.", "",
+              "after it, entropy per answer token, both in nats; cut off: share of answers stopped at the limit.", "",
               STEP_COLUMNS, "|---|---|---|---|---|---|---|---|"] + [
         f"| {m['step']} | {m['reward_mean']:.3f} | {show(m['loss'], '.4f')} | {show(m['grad_norm'], '.3f')} | "
         f"{show(m['policy_kl'], '.5f')} | {show(m.get('entropy'), '.3f')} | {m['completion_len_mean']:.0f} | "

@@ -193,11 +193,11 @@ def test_train_grpo_called_as_the_template_calls_it_prints_each_step(model_dir, 
     assert [line.split(":")[0] for line in out] == ["step 1", "step 2"], out
     for h, line in zip(history, out):       # #100: what moves, not a loss that is about 0 by construction
         assert line == (f"step {h['step']}: mean reward {h['reward_mean']:.3f}, length {h['completion_len_mean']:.0f} "
-                        f"tokens ({h['truncated_frac']:.0%} cut at the budget), " + (
+                        f"tokens ({h['truncated_frac']:.0%} cut off at the limit), " + (
                             f"grad norm {h['grad_norm']:.3g}" if h["grad_norm"] else "no update: zero gradient")), out
     equal = {"step": 3, "reward_mean": 0.0, "completion_len_mean": 8.0, "truncated_frac": 1.0, "grad_norm": 0.0}
-    assert gh.step_line(equal) == "step 3: mean reward 0.000, length 8 tokens (100% cut at the budget), no update: " \
-                                  "zero gradient"
+    assert gh.step_line(equal) == "step 3: mean reward 0.000, length 8 tokens (100% cut off at the limit), " \
+                                  "no update: zero gradient"
 
 
 # ----- TODO 4 on the models a grader's test builds -----
@@ -291,7 +291,7 @@ def test_from_a_three_key_sample_a_completion_ends_at_its_first_eos_and_a_prompt
     tok = gh.build_byte_tokenizer()
     pad, eos, a = tok.pad_token_id, tok.eos_token_id, tok.convert_tokens_to_ids("a")
     ids = torch.tensor([[pad, pad, a, a, a, eos, pad, pad],      # finished at its second token
-                        [a, a, a, a, a, a, a, a],                 # cut at the budget
+                        [a, a, a, a, a, a, a, a],                 # cut off at the limit
                         [pad, a, a, a, pad, a, a, a]])            # a pad ends a completion too (pad is an EOS here)
     rollout = gh.Rollout.of({"output_ids": ids, "completions": ["", "", ""], "prompt_length": 4}, torch.zeros(3),
                             torch.zeros(3), tokenizer=tok)

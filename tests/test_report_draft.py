@@ -15,6 +15,9 @@ from test_cli import tiny_args
 REAL_RUNS = {"0.5B": ROOT / "plots" / "qwen-gsm8k-b256" / "rerun", "1.5B": ROOT / "plots" / "qwen-1.5b-run" / "run"}
 
 
+RESULT_COLUMNS = ("| problems | max new tokens | accuracy before | after | difference, points (95% CI) "
+                  "| newly right / newly wrong | p |")
+
 def rows(text: str, header: str) -> list[list[str]]:
     """The cells of the markdown table under `header` (its first line), header and rule left out."""
     lines = text.splitlines()
@@ -46,7 +49,7 @@ def check_against_records(run_dir: Path, text: str) -> None:
     diffs = [int(a["correct"]) - int(b["correct"]) for b, a in zip(before, after)]
     gained, lost = diffs.count(1), diffs.count(-1)
     d, half = statistics.fmean(diffs), 1.96 * math.sqrt(statistics.pvariance(diffs) / n)
-    [result] = rows(text, "| problems | budget | accuracy before | after | points (95% interval) | gained / lost | p |")
+    [result] = rows(text, RESULT_COLUMNS)
     assert result == [f"{n} {config['eval_split']}", str(config["max_new_tokens"]),
                       f"{sum(r['correct'] for r in before) / n:.1%}", f"{sum(r['correct'] for r in after) / n:.1%}",
                       f"{100 * d:+.1f} ({100 * (d - half):+.1f} to {100 * (d + half):+.1f})", f"{gained} / {lost}",
@@ -153,7 +156,7 @@ def test_a_stopped_run_writes_what_it_has_and_says_what_is_missing(model_dir, gs
     assert f"Missing: the evaluation after training (eval_after.jsonl); the run is at step 1: " \
            f"`python grpo_homework.py --resume {out}` finishes it." in text
     assert [r[0] for r in rows(text, gh.STEP_COLUMNS)] == ["1"] and "Not yet: this needs both evaluations" in text
-    [result] = rows(text, "| problems | budget | accuracy before | after | points (95% interval) | gained / lost | p |")
+    [result] = rows(text, RESULT_COLUMNS)
     before = records(out, "eval_before.jsonl")
     assert result[2] == f"{sum(r['correct'] for r in before) / len(before):.1%}" and result[3:] == ["not scored", "-",
                                                                                                    "-", "-"]
@@ -173,7 +176,7 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
            "else 0, plus 0.2 for a well-formed last line; only the last line's number counts." in text
     assert "A_i = r_i - mean of its group, not divided by the std (Dr. GRPO)." in text
     assert "clip(rho, 0.75, 1.25) A)" in text and "2 updates per batch on the same answers, pi_old their " \
-           "log-probabilities before the first; answers cut at the budget left out." in text
+           "log-probabilities before the first; answers cut off at the limit left out." in text
     assert "- Reduction: averaged over each answer's tokens, then over answers (the GRPO paper's); no KL " \
            "penalty." in text
     assert "more batches drawn" not in text          # --min-signal-groups 0: a step per batch
