@@ -1933,14 +1933,14 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
                 f"{c['lora_rank']}, alpha {c['lora_alpha']}, {c['lora_targets']}" if c["lora_rank"] else "all",
                 "questions x answers per update": f"{max(signal_groups, c['batch_size'])} x {c['group_size']}" + (
                     f", from up to {(1 + c['max_draws']) * c['batch_size']} questions drawn" if signal_groups else ""),
-                "new tokens at most": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
+                "max new tokens": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
                 "learning rate; schedule": f"{c['learning_rate']:g}; {schedule}",
                 "optimizer": f"AdamW, weight decay {c['weight_decay']:g}" + (
                     "; bf16 weights rounded stochastically" if c["dtype"] == "bfloat16" else ""),
                 "clip range": f"{low:g} to {high:g}", "KL penalty": f"{c['kl_coef']:g}",
                 "loss reduction": REDUCTION_WORDS[c["loss_agg"]][0].format(**c),
-                "advantage": ADVANTAGE_WORDS[c["advantage"]][0].format(**c),
-                "steps run (at most)": f"{summary.get('steps', 0)} ({c['max_steps'] or 'no limit'})", "seed": c["seed"]}
+                "advantage": ADVANTAGE_WORDS[c["advantage"]][0].format(**c), "steps run": f"{summary.get('steps', 0)}"
+                + (f" of {c['max_steps']} at most" if c["max_steps"] else ""), "seed": c["seed"]}
     lines += ["", "## 2. Training hyperparameters", "", "| setting | value |", "|---|---|",
               *(f"| {name} | {value} |" for name, value in settings.items()), "", "## 3. Training log", ""]
     every, show = max(1, len(metrics) // 4), lambda value, form: "-" if value is None else format(value, form)

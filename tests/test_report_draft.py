@@ -64,7 +64,7 @@ def check_against_records(run_dir: Path, text: str) -> None:
     assert max(m["prompts_drawn"] for m in records(run_dir, "metrics.jsonl")) <= drawn
     assert settings["optimizer"] == f"AdamW, weight decay {config['weight_decay']:g}" + (
         "; bf16 weights rounded stochastically" if config["dtype"] == "bfloat16" else "")
-    assert settings["new tokens at most"] == str(config["max_new_tokens"])
+    assert settings["max new tokens"] == str(config["max_new_tokens"])
     assert float(settings["temperature"]) == config["temperature"]
     assert float(settings["learning rate; schedule"].split(";")[0]) == config["learning_rate"]
     assert settings["clip range"] == f"{1 - config['clip_eps']:g} to {1 + config['clip_eps']:g}"
@@ -73,7 +73,7 @@ def check_against_records(run_dir: Path, text: str) -> None:
                                           "seq-mean": "mean per answer, then over answers"}[config["loss_agg"]]
     assert settings["advantage"] == {"grpo": f"(r - group mean) / (group std + {config['advantage_eps']:g})",
                                      "drgrpo": "r - group mean"}[config["advantage"]]
-    assert settings["steps run (at most)"] == f"{summary['steps']} ({config['max_steps']})"
+    assert settings["steps run"] == f"{summary['steps']} of {config['max_steps']} at most"
     assert settings["weights trained"] == (f"LoRA rank {config['lora_rank']}, alpha {config['lora_alpha']}, "
                                            f"{config['lora_targets']}" if config.get("lora_rank") else "all")
 
@@ -183,7 +183,7 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
     settings = dict(rows(text, "| setting | value |"))
     assert settings["learning rate; schedule"] == "1e-05; warm-up 10 steps, then linear decay to 0"
     assert settings["weights trained"] == "LoRA rank 16, alpha 32, q_proj,v_proj"
-    assert settings["clip range"] == "0.75 to 1.25" and settings["steps run (at most)"] == "7 (50)"
+    assert settings["clip range"] == "0.75 to 1.25" and settings["steps run"] == "7 of 50 at most"
     assert settings["model"] == "Qwen2.5-1.5B-Instruct"
     assert settings["loss reduction"] == "mean per answer, then over answers"
     assert "Missing: the evaluation before training (eval_before.jsonl) and the evaluation after training" in text
