@@ -30,7 +30,10 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return not Path(f"/proc/{pid}/stat").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    try:                                # a zombie (exited, not yet reaped) is not alive; no /proc: os.kill decides
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:           # no /proc, or the process was reaped between the two looks
+        return not Path("/proc/self").exists()
 
 
 def main() -> None:
