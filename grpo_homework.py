@@ -46,7 +46,7 @@ class Config:
     dataset: str = _flag("./gsm8k", "hub-layout folder or hub id; '' = the task's generated problems (not gsm8k)")
     batch_size: int = _flag(4, "prompts per step")
     group_size: int = _flag(16, "completions sampled per prompt (the G of GRPO)")
-    max_new_tokens: int = _flag(256, "completion length limit (the token limit), in training and in the evaluations")
+    max_new_tokens: int = _flag(256, "the token limit: new tokens per completion, in training and in the evaluations")
     temperature: float = _flag(0.7, "sampling temperature; log-probs divide logits by the same value")
     learning_rate: float = _flag(2e-6, "AdamW learning rate")
     num_epochs: int = _flag(1, "passes over the training problems")

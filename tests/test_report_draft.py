@@ -13,10 +13,9 @@ from conftest import ROOT
 from test_cli import tiny_args
 
 REAL_RUNS = {"0.5B": ROOT / "plots" / "qwen-gsm8k-b256" / "rerun", "1.5B": ROOT / "plots" / "qwen-1.5b-run" / "run"}
-
-
 RESULT_COLUMNS = ("| problems | max new tokens | accuracy before | after | difference, points (95% CI) "
                   "| newly right / newly wrong | p |")
+
 
 def rows(text: str, header: str) -> list[list[str]]:
     """The cells of the markdown table under `header` (its first line), header and rule left out."""
