@@ -233,7 +233,7 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with
     ratio = exp(logprobs - old_logprobs) (its log clamped to +-20, as verl does) and A the completion's advantage,
     reduced over the masked tokens: seq-mean (default, the GRPO paper's) averages each completion's tokens, then the
-    completions; drgrpo (Dr. GRPO's, the runs') sums them and divides by num_tokens * completions."""
+    completions; drgrpo (Dr. GRPO's, the runs') divides their sum by completions * num_tokens (default: seq width)."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
@@ -2456,8 +2456,8 @@ def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
             for name in ("demo.json", "demo_data", "demo_model"):        # the demo's own, in a folder it claimed
                 shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else \
                     (run_dir / name).unlink(missing_ok=True)
-            raise UserError("interrupted while building the demo (under a minute of work): run the same command "
-                            "again to start it over" if isinstance(e, KeyboardInterrupt) else
+            raise UserError(f"interrupted while building the demo, {time.perf_counter() - t0:.0f} s in: run the same "
+                            "command again to start it over" if isinstance(e, KeyboardInterrupt) else
                             f"failed while building the demo ({first_line(e)}); nothing was kept") from None
         summary = run_phases(dataclasses.replace(cfg, model_path=absolute_if_local(str(run_dir / "demo_model")),
                                                  dataset=absolute_if_local(str(run_dir / "demo_data"))),
