@@ -1556,8 +1556,8 @@ def finish_run(run: Run) -> None:
     before_records = read_jsonl(run_dir / "eval_before.jsonl")
     paired = flips(before_records, after_records)
     print(f"Accuracy after training: {after['accuracy']:.2%}, before {run.summary['accuracy_before']:.2%} (format "
-          f"{after['format_rate']:.0%}; {paired['gained']} gained, {paired['lost']} lost, sign test p = "
-          f"{paired['sign_test_p']:.2g}; 95% interval {paired['difference_95'][0]:+.1f} to "
+          f"{after['format_rate']:.0%}; {paired['gained']} newly right, {paired['lost']} newly wrong, sign test p = "
+          f"{paired['sign_test_p']:.2g}; difference's 95% CI {paired['difference_95'][0]:+.1f} to "
           f"{paired['difference_95'][1]:+.1f} points)")
     show = lambda r: f"{' '.join((r['completion'] or '').split())[-60:]!r} [{'right' if r['correct'] else 'wrong'}]"
     for b, a in list(zip(before_records, after_records))[:cfg.show_examples]:

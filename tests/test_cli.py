@@ -1,6 +1,7 @@
 """The command line as users run it: real subprocess runs on the tiny model, bad input, resume, Ctrl-C, OOM."""
 import copy
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -56,7 +57,10 @@ def test_cli_run_writes_the_whole_record(model_dir, gsm8k_dir, tmp_path):
     lines = result.stdout.splitlines()
     assert [line for line in lines if line in PROGRESS] == PROGRESS
     assert any(line.startswith("Accuracy before training:") for line in lines)
-    assert any(line.startswith("Accuracy after training:") for line in lines)
+    [after] = [line for line in lines if line.startswith("Accuracy after training:")]
+    summary = json.loads((out / "summary.json").read_text())      # the report's words, summary.json's counts
+    assert f"; {summary['gained']} newly right, {summary['lost']} newly wrong, sign test p = " in after, after
+    assert re.search(r"; difference's 95% CI [+-]\d+\.\d to [+-]\d+\.\d points\)$", after), after
 
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
