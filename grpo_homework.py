@@ -1946,8 +1946,8 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
     every, show = max(1, len(metrics) // 4), lambda value, form: "-" if value is None else format(value, form)
     lines += [*(f"![{name}](plots/{name})" for name in ("reward.png", "length.png", "clip_kl.png", "entropy.png")),
               "", ("Every step" if every == 1 else f"Step 1, each step divisible by {every}, and the last") + ": grad "
-              "norm before clipping; policy moved: mean per-token KL divergence from the policy before the step to "
-              "after it, entropy per answer token, both in nats; cut off: share of answers stopped at the limit.", "",
+              "norm before clipping; policy moved: mean per-token KL divergence, policy before the step to after; "
+              "entropy per answer token; both in nats (natural-log units); cut off: share of answers at the limit.", "",
               STEP_COLUMNS, "|---|---|---|---|---|---|---|---|"] + [
         f"| {m['step']} | {m['reward_mean']:.3f} | {show(m['loss'], '.4f')} | {show(m['grad_norm'], '.3f')} | "
         f"{show(m['policy_kl'], '.5f')} | {show(m.get('entropy'), '.3f')} | {m['completion_len_mean']:.0f} | "

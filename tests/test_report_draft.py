@@ -191,8 +191,9 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
 def test_a_finished_run_whose_evaluations_were_removed_is_not_sent_to_resume(tmp_path):
     """--resume refuses a finished run: the draft must not tell its user to run it (plots/demo-seed0 keeps no
     eval_*)."""
-    gh.write_json(tmp_path / "config.json", {"config": {"model_path": "m"}, "argv": []})
+    gh.write_json(tmp_path / "config.json", {"config": {"model_path": "m", "max_steps": 0}, "argv": []})
     gh.write_json(tmp_path / "summary.json", {"steps": 3, "finished": True})
     text = gh.write_report_draft(tmp_path).read_text()
     assert "and the evaluation after training (eval_after.jsonl); the run finished, so they were removed from its " \
            "folder." in text and "--resume" not in text
+    assert dict(rows(text, "| setting | value |"))["steps run"] == "3"      # --max-steps 0: no limit to quote
