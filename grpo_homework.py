@@ -562,7 +562,6 @@ class RunConfig(Config):
 
 
 def flag_name(field_name: str) -> str:
-    """The command-line flag of a Config field: group_size -> --group-size (model_path is the positional MODEL_PATH)."""
     return "MODEL_PATH" if field_name == "model_path" else "--" + field_name.replace("_", "-")
 
 
@@ -592,16 +591,21 @@ class UserError(Exception):
     """Bad input: main prints the message as one line and exits with status 2."""
 
 
+def require(ok, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def first_line(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def validate_config(cfg: RunConfig) -> None:
     """Raise UserError naming the first flag whose value cannot train as intended."""
-    def require(ok: bool, message: str) -> None:
-        if not ok:
-            raise UserError(message)
-
     for f in dataclasses.fields(RunConfig):     # nan and inf pass every comparison below, or fail it silently
         value = getattr(cfg, f.name)
         if isinstance(f.default, float):      # the run computes in float32: 1e300 would be inf there
@@ -625,9 +629,8 @@ def validate_config(cfg: RunConfig) -> None:
     require(cfg.generation_batch_size % cfg.group_size == 0,
             "--generation-batch-size must be a multiple of --group-size (a group is sampled together)")
     require(0 < cfg.clip_eps < 1, "--clip-eps must lie in (0, 1)")
-    require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps,
-            "--lr-decay (on in --demo) needs --max-steps above --lr-warmup-steps (the decay ends at --max-steps); "
-            "--no-lr-decay turns it off")
+    require(not cfg.lr_decay or cfg.max_steps > cfg.lr_warmup_steps, "--lr-decay (on in --demo) needs --max-steps "
+            "above --lr-warmup-steps (the decay ends at --max-steps); --no-lr-decay turns it off")
     if cfg.lora_rank:
         import importlib.util
         require(importlib.util.find_spec("peft"), "--lora-rank needs peft, which is not installed: pip install peft")
@@ -663,8 +666,7 @@ RESUME_MAY_CHANGE = {"max_steps", "num_epochs", "save_every", "keep_checkpoints"
 def saved_config(run_dir: Path) -> RunConfig:
     """The Config a run folder recorded, checked field by field (it may be damaged or from another version)."""
     recorded = recorded_config(run_dir)         # unreadable JSON: 'damaged?' in one line
-    if not is_run_dir(run_dir):
-        raise UserError(f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
+    require(is_run_dir(run_dir), f"--resume {run_dir}: no run record (config.json) there, so it is not a run directory")
     if unknown := sorted(set(recorded) - set(RunConfig.__dataclass_fields__)):
         raise UserError(f"{run_dir / 'config.json'}: unknown setting(s) {', '.join(unknown)} (another version?)")
     for f in dataclasses.fields(RunConfig):
@@ -707,9 +709,9 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
             raise UserError(f"{', '.join(map(flag_name, idle))} would do nothing: {args.resume} is an --eval-only "
                             f"run, which trains nothing")
         if (size := explicit.get("generation_batch_size", base.generation_batch_size)) != base.generation_batch_size:
-            print(f"warning: --generation-batch-size {base.generation_batch_size} -> {size}: the samples from here on "
-                  f"differ from those the run would have drawn (the training stays correct, not bit-identical to an "
-                  f"uninterrupted run)", file=sys.stderr)
+            warn(f"--generation-batch-size {base.generation_batch_size} -> {size}: the samples from here on differ "
+                 f"from those the run would have drawn (the training stays correct, not bit-identical to an "
+                 f"uninterrupted run)")
         if changed := sorted(k for k, v in explicit.items() if k not in may_change and v != getattr(base, k)):
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
                             f"the run was started with other values (start a new run instead)")
@@ -758,8 +760,7 @@ def on_ctrl_c(signum, frame):
             _ctrl_c["asked"] = time.monotonic()
             with contextlib.suppress(OSError):        # SIGHUP: the terminal may be gone
                 print(f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again, "
-                      f"{CTRL_C_REPEAT:g} s or more later, aborts at once)",
-                      file=sys.stderr)
+                      f"{CTRL_C_REPEAT:g} s or more later, aborts at once)", file=sys.stderr)
         return
     _ctrl_c["pressed"] = True
     raise KeyboardInterrupt
@@ -836,8 +837,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
                                                     cfg.model_path), device, cfg.dtype)
     if cfg.prompt_style == "chat" and not getattr(tokenizer, "chat_template", None):  # plain would mislabel the run
         raise UserError("the tokenizer has no chat template: pass --prompt-style plain")
-    if cfg.lora_rank:
-        model = with_lora(model, cfg, checkpoint)
+    model = with_lora(model, cfg, checkpoint) if cfg.lora_rank else model
     # The KL penalty's reference, the starting model: under LoRA the model itself with its adapters off, else a copy
     ref_model = None if cfg.kl_coef <= 0 else model if cfg.lora_rank else \
         load_model_and_tokenizer(cfg.model_path, device, cfg.dtype)[0].requires_grad_(False)
@@ -857,9 +857,8 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
     eval_end = cfg.eval_size and cfg.eval_start + cfg.eval_size
     eval_set = problems("test", cfg.eval_start, eval_end) if cfg.eval_split == "test" else \
         problems("train", cfg.eval_start, eval_end or cfg.val_size)
-    if len(eval_set) == 0:
-        raise UserError(f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
-                        f"{cfg.max_prompt_length}, or none given)")
+    require(len(eval_set) > 0, f"no {cfg.eval_split} problems left to evaluate on (all longer than --max-prompt-length "
+            f"{cfg.max_prompt_length}, or none given)")
     if cfg.eval_only:                   # nothing trains: no training problems, no optimizer
         return open_record(Run(cfg, None, run_dir=run_dir, device=device, model=model, tokenizer=tokenizer,
                                loader=None, eval_set=eval_set), None, resume)
@@ -880,9 +879,8 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
             if (Path(cfg.model_path) / "adapter_config.json").exists() else ""))
     optimizer = build_optimizer(trained, cfg.learning_rate, cfg.seed, cfg.weight_decay)
     decay_end = last_step(cfg, loader) if cfg.lr_decay else 0    # --max-steps, or sooner the data's end
-    if cfg.lr_decay and decay_end <= cfg.lr_warmup_steps:
-        raise UserError(f"--lr-decay: the run ends after {decay_end} steps, within --lr-warmup-steps "
-                        f"{cfg.lr_warmup_steps}: lower the warm-up or train for longer")
+    require(not cfg.lr_decay or decay_end > cfg.lr_warmup_steps, f"--lr-decay: the run ends after {decay_end} steps, "
+            f"within --lr-warmup-steps {cfg.lr_warmup_steps}: lower the warm-up or train for longer")
     if cfg.lr_decay and cfg.signal_groups and cfg.num_epochs * len(loader) < cfg.max_steps * (1 + cfg.max_draws):
         raise UserError(f"--lr-decay: a step draws 1 to {1 + cfg.max_draws} batches, so the data may end before "
                         f"--max-steps {cfg.max_steps}, the rate above 0: lower it or --max-draws, or add --num-epochs")
@@ -897,8 +895,8 @@ def without_long_prompts(dataset: GSM8KDataset) -> GSM8KDataset:
     encoded = dataset.tokenizer(dataset.prompts, add_special_tokens=dataset.prompt_style != "chat")["input_ids"]
     keep = [i for i, ids in enumerate(encoded) if len(ids) <= dataset.max_length]
     if len(keep) < len(encoded):
-        print(f"warning: dropped {len(encoded) - len(keep)} of {len(encoded)} prompts longer than "
-              f"{dataset.max_length} tokens (raise --max-prompt-length to keep them)", file=sys.stderr)
+        warn(f"dropped {len(encoded) - len(keep)} of {len(encoded)} prompts longer than {dataset.max_length} tokens "
+             f"(raise --max-prompt-length to keep them)")
     for name in ("prompts", "questions", "answers", "rows"):
         setattr(dataset, name, [getattr(dataset, name)[i] for i in keep])
     return dataset
@@ -936,15 +934,12 @@ def last_step(cfg: RunConfig, loader) -> int:
 
 def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    if not path:
-        raise UserError("MODEL_PATH is required (a model directory such as ./Qwen2.5-1.5B-Instruct), or use --demo")
+    require(path, "MODEL_PATH is required (a model directory such as ./Qwen2.5-1.5B-Instruct), or use --demo")
     local = Path(path)
     if looks_local(path):
-        if is_run_dir(local):
-            raise UserError(f"MODEL_PATH {path} is a run folder: its trained model is {local / 'final'} (continue the "
-                            f"run itself with --resume {path})")
-        if not (local / "config.json").is_file():
-            raise UserError(f"MODEL_PATH {path} is not a model directory (no config.json)")
+        require(not is_run_dir(local), f"MODEL_PATH {path} is a run folder: its trained model is {local / 'final'} "
+                f"(continue the run itself with --resume {path})")
+        require((local / "config.json").is_file(), f"MODEL_PATH {path} is not a model directory (no config.json)")
         if not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
             raise UserError(f"MODEL_PATH {path} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
     try:
@@ -987,8 +982,7 @@ def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     pad = lambda r, t, value: F.pad(t, (prompt - r.prompt_length, width + r.prompt_length - t.shape[1]), value=value)
     return Rollout(*(torch.cat([pad(r, getattr(r, name), value) for r in parts]) for name, value in
                      (("output_ids", pad_id), ("attention_mask", 0), ("loss_mask", False))), prompt,
-                   [c for r in parts for c in r.completions],
-                   *(torch.cat([getattr(r, name) for r in parts]) for name in
+                   [c for r in parts for c in r.completions], *(torch.cat([getattr(r, name) for r in parts]) for name in
                      ("rewards", "advantages", "truncated", "completion_lengths")))
 
 
@@ -1008,10 +1002,9 @@ RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl
 
 def is_run_dir(path: Path) -> bool:
     """A folder this script made for a run: its config.json is a run record, not (say) a model's config."""
-    try:
+    saved = None
+    with contextlib.suppress(OSError, ValueError):
         saved = json.loads(read_text(path / "config.json"))
-    except (OSError, ValueError):
-        return False
     return isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "argv" in saved
 
 
@@ -1023,8 +1016,7 @@ def foreign_entries(run_dir: Path, own: set[str] = frozenset({RUN_LOCK})) -> lis
 
 def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Callable[[Path], bool]) -> None:
     """UserError unless RUN_DIR can take this run without touching anything the run did not make."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--output-dir {run_dir} is a file, not a folder")
+    require(not run_dir.exists() or run_dir.is_dir(), f"--output-dir {run_dir} is a file, not a folder")
     model = Path(model_path).expanduser().resolve() if model_path else None
     if model is not None and model.is_dir() and (run_dir.resolve() == model or model in run_dir.resolve().parents):
         raise UserError(f"--output-dir {run_dir} is inside the model folder {model_path}: choose a folder outside it")
@@ -1111,8 +1103,8 @@ class CompiledGeneration:
             if is_out_of_memory(e) or "probability tensor contains" in str(e):     # memory, or NaN in the policy
                 raise
             self.failed = first_line(e)
-            print(f"warning: compiled generation failed ({first_line(e)}); generating with the dynamic KV cache from "
-                  f"here on (--compile-generation off skips the attempt)", file=sys.stderr)
+            warn(f"compiled generation failed ({first_line(e)}); generating with the dynamic KV cache from here on "
+                 f"(--compile-generation off skips the attempt)")
             return dynamic()
         return out[:rows, extra_cols:]
 
@@ -1167,8 +1159,7 @@ def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks, out: torch.Te
 
 @dataclass(eq=False)
 class UpdateHooks(Hooks):
-    """Step 4 as a run takes it: PPO epochs with old log-probs computed once, the KL penalty to a reference, the
-    update's statistics. Run adds the rest; tests and benchmarks use these."""
+    """Step 4 as a run takes it: PPO epochs on old log-probs computed once, a KL penalty to a reference, statistics."""
     cfg: Any
     optimizer: Any
     ref_model: Any = None          # the KL penalty's reference, the starting model (--kl-coef)
@@ -1210,8 +1201,7 @@ class UpdateHooks(Hooks):
                 self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
                 self.stats["skipped"] += not 0 < rollout.grad_norm < math.inf     # train_grpo steps on no other
                 if not (math.isfinite(self.loss) and math.isfinite(rollout.grad_norm)):
-                    print(f"warning: skipped an update with loss {self.loss} and grad norm {rollout.grad_norm}",
-                          file=sys.stderr)
+                    warn(f"skipped an update with loss {self.loss} and grad norm {rollout.grad_norm}")
                 self.stats["loss"] += self.loss / cfg.ppo_epochs
                 self.stats["grad_norm"] += rollout.grad_norm / cfg.ppo_epochs
         finally:
@@ -1320,13 +1310,29 @@ class Run(UpdateHooks):
             self.start = {key: self.last_record[key] for key in self.start}
 
     def end_step(self, rollout: Rollout, stats: dict) -> dict:
-        """The schedule; the record, its metrics.jsonl line, then checkpoint, summary, plots."""
-        cfg, run_dir, lr = self.cfg, self.run_dir, self.optimizer.param_groups[0]["lr"]
+        """The schedule; the record (a metrics.jsonl line on all samples drawn), then checkpoint, summary, plots."""
+        cfg, run_dir, lr, sampled = self.cfg, self.run_dir, self.optimizer.param_groups[0]["lr"], self.sampled
         with warnings.catch_warnings():        # counts steps, those without an optimizer step too
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
             self.scheduler.step()
-        record = step_record(self.done + 1, *self.position, self.sampled, rollout, stats, self.cfg, lr,
-                             self.timing[0], time.perf_counter() - self.timing[1])
+        (epoch, batch_in_epoch), gen_seconds = self.position, self.timing[0]
+        update_seconds = time.perf_counter() - self.timing[1]
+        rewards, lengths = sampled.rewards.cpu().float(), sampled.completion_lengths.cpu().float()
+        has_spread = spread(rewards, cfg.group_size)                               # [groups drawn]
+        record = {"step": self.done + 1, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
+                  "prompts_drawn": len(has_spread), "signal_groups": int(spread(rollout.rewards, cfg.group_size).sum()),
+                  "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+                  "zero_spread_frac": (~has_spread).float().mean().item(),
+                  **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "policy_kl", "grad_norm", "skipped",
+                                           "no_signal", "entropy")},
+                  "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
+                  "truncated_frac": sampled.truncated.cpu().float().mean().item(), "lr": lr,
+                  "gen_seconds": gen_seconds, "update_seconds": update_seconds,
+                  "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9),
+                  **({"kl_ref": stats["kl_ref"]} if cfg.kl_coef > 0 else {})}
+        if torch.cuda.is_available():
+            record["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
         self.done += 1
         self.last_record, self.rng = record, rng_state(self.optimizer)
         self.updates_at_record = getattr(self.optimizer, "updates_begun", 0)
@@ -1365,9 +1371,8 @@ class Run(UpdateHooks):
                 raise KeyboardInterrupt
             if cfg.max_steps and (done := self.done) < cfg.max_steps:    # a step draws 1 + --max-draws batches at most
                 self.summary["problems_ran_out"] = True
-                print(f"warning: the training problems ran out after step {done}, short of --max-steps "
-                      f"{cfg.max_steps} (a step draws up to {1 + cfg.max_draws} batches): add --num-epochs to reach it",
-                      file=sys.stderr)
+                warn(f"the training problems ran out after step {done}, short of --max-steps {cfg.max_steps} (a step "
+                     f"draws up to {1 + cfg.max_draws} batches): add --num-epochs to reach it")
         except Exception:    # a CUDA error, OOM at the smallest batch: save the last step unless an update began since
             if getattr(self.optimizer, "updates_begun", 0) == self.updates_at_record:
                 with contextlib.suppress(Exception):      # the failure is the news; a second one would hide it
@@ -1380,7 +1385,6 @@ class Run(UpdateHooks):
 
 def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     """Continue from `checkpoint` when there is one, trim metrics.jsonl to it, and record the run's config."""
-    import transformers
     cfg, run_dir = run.cfg, run.run_dir
     earlier = read_json(run_dir / "config.json") if resume else {}       # the command that started it stays first
     inputs = checked_inputs(run, earlier.get("inputs", {}),
@@ -1411,12 +1415,11 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
                 f"its --lr-decay schedule ended there; start a new run from {run_dir / 'final'}" if cfg.lr_decay
                 else f"its training problems ran out; pass a larger --num-epochs (now {cfg.num_epochs}) to train it "
                 f"further" if used_up else "pass a larger --max-steps or --num-epochs to train it further"))
-        if cfg.max_steps and cfg.max_steps < run.start["step"]:        # it would record a limit it went past
-            raise UserError(f"--max-steps {cfg.max_steps}: {run_dir} is at step {run.start['step']} already (its "
-                            f"newest checkpoint); pass at least that, or leave the flag out")
-        if cfg.num_epochs <= run.start["epoch"]:
-            raise UserError(f"--num-epochs {cfg.num_epochs}: {run_dir} is in epoch {run.start['epoch'] + 1} already "
-                            f"(its newest checkpoint); pass at least that, or leave the flag out")
+        require(not cfg.max_steps or cfg.max_steps >= run.start["step"],        # else it records a limit it went past
+                f"--max-steps {cfg.max_steps}: {run_dir} is at step {run.start['step']} already (its newest "
+                f"checkpoint); pass at least that, or leave the flag out")
+        require(cfg.num_epochs > run.start["epoch"], f"--num-epochs {cfg.num_epochs}: {run_dir} is in epoch "
+                f"{run.start['epoch'] + 1} already (its newest checkpoint); pass at least that, or leave the flag out")
         if run.summary.get("finished"):      # trained further: the end it had is no longer this run's end
             run.summary = set_aside_end(run_dir, run.summary)
         print(f"Resuming from {checkpoint} (step {run.start['step']})")
@@ -1428,14 +1431,13 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     elif resume and cfg.eval_only:
         print(f"Resuming {run_dir}: scoring {cfg.model_path} again from its first problem")
     elif resume:
-        print(f"warning: {run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}",
-              file=sys.stderr)
+        warn(f"{run_dir} has no checkpoint yet: training starts at step 0 from {cfg.model_path}")
     if resume and not cfg.eval_only:
         write_jsonl(run_dir / "metrics.jsonl",
                     [m for m in read_jsonl(run_dir / "metrics.jsonl", "step") if m["step"] <= run.start["step"]])
     resumes = earlier.get("resumes", []) + [{"argv": sys.argv, "at_step": run.start["step"]}] if resume else []
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
-                **({"peft": importlib.metadata.version("peft")} if cfg.lora_rank else {})}
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__} | {
+        name: importlib.metadata.version(name) for name in ["transformers"] + ["peft"] * (cfg.lora_rank > 0)}
     ran = {"device": str(run.device), "dtype": cfg.dtype, "generation": "compiled static cache" if isinstance(
         run.model.generate, CompiledGeneration) else "dynamic cache"}      # as resolved: never auto
     write_json(run_dir / "config.json", {"config": dataclasses.asdict(cfg), "ran": ran, "argv": earlier.get(
@@ -1465,9 +1467,8 @@ def checked_inputs(run: Run, saved: dict, reads_model: bool) -> dict:
     digest = lambda data: hashlib.sha256(json.dumps([data.prompts, data.answers], default=str).encode()).hexdigest()
     inputs = {"train": digest(run.loader.dataset) if run.loader else None, "eval": digest(run.eval_set),
               "model": folder_fingerprint(run.cfg.model_path) if reads_model else saved.get("model")}
-    names = {"train": f"training problems of {run.cfg.dataset or 'the generated task'}",
-             "eval": f"evaluation problems of {run.cfg.dataset or 'the generated task'}",
-             "model": f"model folder {run.cfg.model_path}"}
+    data = f"problems of {run.cfg.dataset or 'the generated task'}"
+    names = {"train": f"training {data}", "eval": f"evaluation {data}", "model": f"model folder {run.cfg.model_path}"}
     for key in [k for k in inputs if k in saved and saved[k] != inputs[k]][:1]:
         raise UserError(f"--resume {run.run_dir}: the {names[key]} changed since the run began (their fingerprint "
                         f"differs): put them back as they were, or start a new run")
@@ -1516,10 +1517,9 @@ def score_only(run: Run) -> None:
     write_jsonl(run.run_dir / "eval.jsonl", records)
     print(f"Accuracy: {scores['accuracy']:.2%} ({len(records)} {cfg.eval_split} problems, format "
           f"{scores['format_rate']:.0%})")
-    run.summary = {"eval_only": True, "accuracy": scores["accuracy"], "evaluation": scores,
-                   "scored": {"model": cfg.model_path, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens,
-                              "problems": f"{cfg.eval_split} " + number_ranges(cfg.eval_start + i
-                                                                               for i in run.eval_set.rows)},
+    problems = f"{cfg.eval_split} " + number_ranges(cfg.eval_start + i for i in run.eval_set.rows)
+    scored = {"model": cfg.model_path, "dtype": cfg.dtype, "max_new_tokens": cfg.max_new_tokens, "problems": problems}
+    run.summary = {"eval_only": True, "accuracy": scores["accuracy"], "evaluation": scores, "scored": scored,
                    "wall_seconds": time.perf_counter() - run.t_start, "finished": True}
     save_summary(run, "the evaluation")
     write_report_draft(run.run_dir)
@@ -1612,8 +1612,7 @@ def read_json(path: Path) -> dict:
         value = json.loads(read_text(path))
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path} (damaged?): {e}") from None
-    if not isinstance(value, dict):
-        raise UserError(f"cannot read {path}: not a JSON object")
+    require(isinstance(value, dict), f"cannot read {path}: not a JSON object")
     return value
 
 
@@ -1632,7 +1631,7 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
         except ValueError:
             if i < len(lines) - 1:
                 raise UserError(f"{path} line {i + 1} is not JSON: the run record is damaged") from None
-            print(f"warning: {path}: ignoring a half-written last line", file=sys.stderr)
+            warn(f"{path}: ignoring a half-written last line")
             continue
         if not isinstance(row, dict) or (key and not (type(row.get(key)) is int and 0 <= row[key] < 2**63)):
             raise UserError(f"{path} line {i + 1} is not a {key or 'JSON'} record: the run record is damaged")
@@ -1650,28 +1649,6 @@ def flips(before: list[dict], after: list[dict]) -> dict:
     half = 1.96 * math.sqrt(max(n / problems - d * d, 0.0) / problems)
     return {"gained": gained, "lost": lost, "difference_95": [100 * (d - half), 100 * (d + half)],
             "sign_test_p": min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0}
-
-
-def step_record(step: int, epoch: int, batch_in_epoch: int, sampled: Rollout, rollout: Rollout, stats: dict,
-                cfg: Config, lr: float, gen_seconds: float, update_seconds: float) -> dict:
-    """One line of metrics.jsonl: the step's samples (all drawn: `sampled`; updated on: `rollout`)."""
-    rewards, lengths = sampled.rewards.cpu().float(), sampled.completion_lengths.cpu().float()
-    has_spread = spread(rewards, cfg.group_size)                               # [groups drawn]
-    record = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "samples": len(rewards),
-              "prompts_drawn": len(has_spread), "signal_groups": int(spread(rollout.rewards, cfg.group_size).sum()),
-              "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-              "zero_spread_frac": (~has_spread).float().mean().item(),
-              **{k: stats[k] for k in ("loss", "clipfrac", "approx_kl", "policy_kl", "grad_norm", "skipped",
-                                       "no_signal", "entropy")},
-              "completion_len_mean": lengths.mean().item(), "completion_len_max": int(lengths.max().item()),
-              "truncated_frac": sampled.truncated.cpu().float().mean().item(), "lr": lr,
-              "gen_seconds": gen_seconds, "update_seconds": update_seconds,
-              "tokens_per_s": lengths.sum().item() / max(gen_seconds + update_seconds, 1e-9),
-              **({"kl_ref": stats["kl_ref"]} if cfg.kl_coef > 0 else {})}
-    if torch.cuda.is_available():
-        record["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        torch.cuda.reset_peak_memory_stats()
-    return record
 
 
 def save_model(path: Path, model, tokenizer, final: bool = False) -> None:
@@ -1720,9 +1697,8 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
 
     def write(tmp: Path) -> None:
         save_model(tmp, model, tokenizer)
-        state = {"optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "rng": [rng or rng_state(optimizer)],   # a list: by process
-                 **{k: record[k] for k in ("step", "epoch", "batch_in_epoch")}}
+        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),   # rng: a list, by process
+                 "rng": [rng or rng_state(optimizer)], **{k: record[k] for k in ("step", "epoch", "batch_in_epoch")}}
         tensors = {}
         (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
         save_file(tensors, tmp / TRAINER_STATE[1])
@@ -1738,8 +1714,8 @@ def saved_checkpoints(run_dir: Path) -> list[Path]:        # oldest first, by N:
 
 def load_trainer_state(checkpoint: Path) -> dict:
     from safetensors.torch import load_file
+    json_file, tensor_file = (checkpoint / name for name in TRAINER_STATE)
     try:
-        json_file, tensor_file = (checkpoint / name for name in TRAINER_STATE)
         state = from_plain(json.loads(read_text(json_file)), load_file(tensor_file))
         if not {"optimizer", "scheduler", "step", "epoch", "batch_in_epoch", "rng"} <= set(state):
             raise ValueError("keys are missing")
@@ -1748,17 +1724,14 @@ def load_trainer_state(checkpoint: Path) -> dict:
                 any(not {"python", "torch", "cuda", "rounding"} <= set(dict(r)) for r in state["rng"]):
             raise ValueError("a value has the wrong type or range (edited by hand, or an older version?)")
     except Exception as e:      # any damage at all (truncated, edited, absent) means the same to the user
-        raise UserError(f"cannot read checkpoint {checkpoint / TRAINER_STATE[0]} + {TRAINER_STATE[1]}: "
-                        f"{first_line(e)}") from None
+        raise UserError(f"cannot read checkpoint {json_file} + {TRAINER_STATE[1]}: {first_line(e)}") from None
     return state
 
 
 # ----- Plots and before/after answers -----
 
 def redraw_report(run_dir: Path) -> None:
-    """--report: plots and report_draft.md of a run, drawn again from its records."""
-    if not is_run_dir(run_dir):
-        raise UserError(f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
+    require(is_run_dir(run_dir), f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
     lock, written = None, []
     try:
         lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
@@ -1816,8 +1789,7 @@ def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = 
                                                        ("max", column("completion_len_max"))], []),
         "clip_kl.png": ("Clip fraction and KL", "value", kl, []),
         "entropy.png": ("Entropy of the policy on its samples (per completion token)", "nats",
-                        [("mean over the completions the update ran", column("entropy"))], []),
-    }
+                        [("mean over the completions the update ran", column("entropy"))], [])}
     for name, (title, ylabel, series, hlines) in figures.items():
         fig, ax = plt.subplots(figsize=(7, 4))
         for label, values in series:    # dots keep a lone step visible: a short run, or one between two gaps
@@ -1944,6 +1916,8 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
     lines += ["", "## 2. Training hyperparameters", "", "| setting | value |", "|---|---|",
               *(f"| {name} | {value} |" for name, value in settings.items()), "", "## 3. Training log", ""]
     every, show = max(1, len(metrics) // 4), lambda value, form: "-" if value is None else format(value, form)
+    cell = lambda r: f"{literal((r['completion'] or '').strip())} (extracted {show_number(r['extracted'])}, " \
+        f"{'right' if r['correct'] else 'wrong'})"       # the whole answer, as the model wrote it
     lines += [*(f"![{name}](plots/{name})" for name in ("reward.png", "length.png", "clip_kl.png", "entropy.png")),
               "", ("Every step" if every == 1 else f"Step 1, each step divisible by {every}, and the last") + ": grad "
               "norm before clipping; policy moved: mean per-token KL divergence, policy before the step to after; "
@@ -1953,11 +1927,6 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
         f"{show(m['policy_kl'], '.5f')} | {show(m.get('entropy'), '.3f')} | {m['completion_len_mean']:.0f} | "
         f"{m['truncated_frac']:.2f} |" for m in metrics if m is metrics[0] or m["step"] % every == 0 or
         m is metrics[-1]] if metrics else ["No training step is recorded yet."]
-
-    def cell(r: dict) -> str:       # the whole answer, as the model wrote it
-        return f"{literal((r['completion'] or '').strip())} (extracted {show_number(r['extracted'])}, " \
-               f"{'right' if r['correct'] else 'wrong'})"
-
     lines += ["", "## 4. Answers before and after", ""]
     if not (before and after):
         return lines + ["Not yet: this needs both evaluations (Results)."]
@@ -1980,8 +1949,7 @@ def require_gpu(name: str) -> None:
 
 def pick_device(name: str) -> torch.device:
     if name == "auto" and not torch.cuda.is_available():
-        print("warning: no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for "
-              "Qwen2.5-1.5B)", file=sys.stderr)
+        warn("no CUDA GPU found, running on CPU (fine for the demo and tests, far too slow for Qwen2.5-1.5B)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name)
     if device.type == "cuda":
         require_gpu(name)
@@ -2001,18 +1969,16 @@ def weight_dtype(name: str, device: torch.device) -> torch.dtype:
     major, minor = torch.cuda.get_device_capability(device)
     if major >= 8:
         return torch.bfloat16
-    print(f"warning: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native bf16: "
-          f"float32 weights and gradients take twice the memory (Qwen2.5-1.5B with AdamW: 23.0 GiB, not 17.3)",
-          file=sys.stderr)
+    warn(f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native bf16: float32 "
+         f"weights and gradients take twice the memory (Qwen2.5-1.5B with AdamW: 23.0 GiB, not 17.3)")
     return torch.float32
 
 
 def check_kv_cache_fits(cfg: RunConfig, model, device: torch.device) -> None:
     """On a CPU, refuse a batch whose KV cache outgrows the memory left (the OS would kill the run without a word)."""
     config, available = getattr(model, "config", None), None
-    with contextlib.suppress(OSError, ValueError, StopIteration):       # what the kernel says a process can take
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        available = int(next(line for line in meminfo if line.startswith("MemAvailable:")).split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError, TypeError):       # what the kernel says a process can take
+        available = int(re.search(r"^MemAvailable:\s+(\d+)", Path("/proc/meminfo").read_text(), re.M)[1]) * 1024
     heads = getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else None)
     layers, kv_heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_key_value_heads", None) or heads
@@ -2020,16 +1986,14 @@ def check_kv_cache_fits(cfg: RunConfig, model, device: torch.device) -> None:
         return
     per_token = 2 * layers * kv_heads * head_dim * next(model.parameters()).element_size()    # keys and values
     compiled = model.generate if isinstance(model.generate, CompiledGeneration) else None     # pads what it runs
-    columns = (-(-cfg.max_prompt_length // compiled.width) * compiled.width if compiled else cfg.max_prompt_length) \
-        + cfg.max_new_tokens
+    columns = cfg.max_prompt_length + (-cfg.max_prompt_length % compiled.width if compiled else 0) + cfg.max_new_tokens
     batches = [("--eval-batch-size", cfg.eval_batch_size)] + ([] if cfg.eval_only else [
         ("--generation-batch-size", min(cfg.generation_batch_size, cfg.batch_size * cfg.group_size))])
     for flag, rows in batches:
         need = (rows := compiled.rows_run(rows) if compiled else rows) * columns * per_token
-        if need > available:
-            raise UserError(f"{flag} {rows} x {columns} tokens would need a "
-                            f"{need / 2**30:,.0f} GiB KV cache, more than the {available / 2**30:,.1f} GiB of memory "
-                            f"available: lower it (--group-size divides --generation-batch-size)")
+        require(need <= available, f"{flag} {rows} x {columns} tokens would need a {need / 2**30:,.0f} GiB KV cache, "
+                f"more than the {available / 2**30:,.1f} GiB of memory available: lower it (--group-size divides "
+                f"--generation-batch-size)")
 
 
 def enable_checkpointing(model) -> None:
@@ -2093,9 +2057,8 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
     def load_rounding_state(self, states: dict) -> None:
         """The saved noise of each device the weights are on (another device's starts a fresh stream)."""
         here = {str(p.device) for group in self.param_groups for p in group["params"]}
-        for device, state in states.items():
-            if device in here:
-                self.generator(torch.device(device)).set_state(state)
+        for device in [d for d in states if d in here]:
+            self.generator(torch.device(device)).set_state(states[device])
 
 
 def stochastic_round_to_bf16(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -2143,7 +2106,7 @@ def halve(cfg: Config, knob: str, update_began: bool = False) -> None:
         raise OutOfMemory(f"out of memory even at {flag} {size}: resume on a device with more free memory, or start "
                           f"anew with lower --max-new-tokens, --group-size or --batch-size") from None
     setattr(cfg, knob, halved)
-    print(f"warning: out of GPU memory; retrying with{smaller}", file=sys.stderr)
+    warn(f"out of GPU memory; retrying with{smaller}")
 
 
 def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
@@ -2199,12 +2162,10 @@ def load_split(dataset: str, split: str):
     import datasets
     local, is_local = Path(dataset), looks_local(dataset)
     layout = "GSM8K in hub layout (main/train-*.parquet and main/test-*.parquet)"
-    if is_local and not local.is_dir():
-        raise UserError(f"--dataset {dataset} is a file: pass the folder that holds {layout}" if local.exists() else
-                        f"dataset folder {dataset} does not exist: put {layout} there (e.g. `git clone "
-                        f"https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
-    if is_local and not any(local.iterdir()):
-        raise UserError(f"dataset folder {dataset} is empty: put {layout} there")
+    require(not is_local or local.is_dir(), f"--dataset {dataset} is a file: pass the folder that holds {layout}"
+            if local.exists() else f"dataset folder {dataset} does not exist: put {layout} there (e.g. `git clone "
+            f"https://huggingface.co/datasets/openai/gsm8k`) or pass --dataset openai/gsm8k")
+    require(not is_local or any(local.iterdir()), f"dataset folder {dataset} is empty: put {layout} there")
     try:
         name = "main" if not is_local or "main" in datasets.get_dataset_config_names(dataset) else None
         with tempfile.TemporaryDirectory() as cache:
@@ -2257,7 +2218,7 @@ def checked_problems(rows, where: str) -> tuple[list[str], list, list[int]]:
         if len(bad) > 0.01 * len(rows):
             raise UserError(f"{where}: {len(bad)} of {len(rows)} {refused} (first at row {bad[0]}{show(bad[0])}){hint}")
         if bad:
-            print(f"warning: {where}: dropped {len(bad)} of {len(rows)} problems whose {dropped}", file=sys.stderr)
+            warn(f"{where}: dropped {len(bad)} of {len(rows)} problems whose {dropped}")
         return set(bad)
 
     questions, golds = [row["question"] for row in rows], [GSM8KDataset.extract_answer(row["answer"]) for row in rows]
@@ -2306,8 +2267,7 @@ class Task:
         if dataset or not self.generated:
             return load_split(dataset, split)
         match = re.fullmatch(r"(\w+)(?:\[(\d*):(\d*)\])?", split)
-        if not match:
-            raise UserError(f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
+        require(match, f"generated problems take a split like 'train', 'test[:10]' or 'train[5:]', not {split!r}")
         test = word_problems(200, random.Random("held-out test 1"))
         problems = test if match.group(1) == "test" else word_problems(
             2000, random.Random(101), exclude={p["question"] for p in test})
@@ -2424,16 +2384,14 @@ def supervised_warmup(model, tokenizer, problems: list[dict], demo: DemoConfig, 
 
 def is_demo_run(run_dir: Path) -> bool:
     """RUN_DIR holds an earlier demo and nothing else, so a new demo may empty it."""
-    try:
+    marked = False
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         marked = json.loads(read_text(run_dir / "demo.json")).get("demo") is True
-    except (OSError, ValueError, AttributeError):
-        return False
     return marked and not foreign_entries(run_dir, RUN_RECORD | {"demo.json", "demo_model", "demo_data"})
 
 
 def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
-    """A tiny model and task (RUN_DIR/demo_model, demo_data), warmed up and saved, run through the real pipeline; it
-    may clear its own earlier run."""
+    """A tiny model and task (RUN_DIR/demo_model, demo_data), warmed up, saved and run through the real pipeline."""
     t0 = time.perf_counter()
     validate_config(cfg)
     run_dir = Path(cfg.output_dir)
@@ -2453,9 +2411,8 @@ def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
                   f"{steps} supervised steps in {time.perf_counter() - t0:.0f}s")
             save_model(run_dir / "demo_model", model, tokenizer)
         except (KeyboardInterrupt, Exception) as e:      # a full disk in safetensors too: one line, its files gone
-            for name in ("demo.json", "demo_data", "demo_model"):        # the demo's own, in a folder it claimed
-                shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else \
-                    (run_dir / name).unlink(missing_ok=True)
+            for path in map(run_dir.joinpath, ("demo.json", "demo_data", "demo_model")):    # the demo's own only
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             raise UserError(f"interrupted while building the demo, {time.perf_counter() - t0:.0f} s in: run the same "
                             "command again to start it over" if isinstance(e, KeyboardInterrupt) else
                             f"failed while building the demo ({first_line(e)}); nothing was kept") from None
