@@ -120,6 +120,8 @@ def test_the_drafts_of_the_projects_runs_hold_its_reported_figures(tmp_path):
         (tmp_path / name).mkdir()
         drafts[name] = gh.write_report_draft(run_dir, into=tmp_path / name).read_text()
         check_against_records(run_dir, drafts[name])
+        # report.md cites the committed draft: it must be the one this code writes from the records
+        assert (run_dir / "report_draft.md").read_text() == drafts[name], f"redraw {run_dir / 'report_draft.md'}"
     assert "| 200 test | 256 | 19.0% | 25.0% | +6.0 (+0.3 to +11.7) | 23 / 11 | 0.0576 |" in drafts["0.5B"]
     assert "| 50 validation | 384 | 54.0% | 72.0% | +18.0 (+7.4 to +28.6) | 9 / 0 | 0.00391 |" in drafts["1.5B"]
 
