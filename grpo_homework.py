@@ -231,9 +231,9 @@ def kl_k3(logprobs, ref_logprobs):
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, loss_agg="seq-mean",
                         num_tokens=None):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with
-    ratio = exp(logprobs - old_logprobs) (its log clamped to +-20, as verl does) and A the completion's advantage,
+    ratio = exp(logprobs - old_logprobs) (its log clamped to +-20: exp stays finite) and A the completion's advantage,
     reduced over the masked tokens: seq-mean (default, the GRPO paper's) averages each completion's tokens, then the
-    completions; drgrpo (Dr. GRPO's, the runs') divides their sum by completions * num_tokens (default: seq width)."""
+    completions; drgrpo (Dr. GRPO's, Config's default) divides their sum by completions * num_tokens (or seq width)."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
