@@ -693,10 +693,9 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
         raise UserError(f"--{modes[0]} and --{modes[1]} cannot be combined")
     if args.report and explicit:
         raise UserError(f"--report only redraws a run's plots: it takes no other flags (got {', '.join(explicit)})")
-    if args.demo and "model_path" in explicit:
-        raise UserError("--demo builds its own model: leave out MODEL_PATH")
-    if args.demo and (given := [flag_name(k) for k in ("task", "dataset") if k in explicit]):
-        raise UserError(f"--demo trains on addition problems it generates: leave out {' and '.join(given)}")
+    if args.demo and (given := [flag_name(k) for k in ("model_path", "task", "dataset", "eval_only") if k in explicit]):
+        raise UserError(f"--demo trains and scores a model it builds on addition problems it generates: leave out "
+                        f"{' and '.join(given)}")
     if args.resume:
         base = saved_config(Path(args.resume))
         if explicit.get("dtype") == "auto":          # recorded as it resolved: auto keeps it
@@ -716,8 +715,6 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
             raise UserError(f"--resume cannot change {', '.join(map(flag_name, changed))}: "
                             f"the run was started with other values (start a new run instead)")
         return dataclasses.replace(base, **{**explicit, "output_dir": args.resume}), args
-    if args.demo and explicit.get("eval_only"):
-        raise UserError("--demo trains and scores its own model: --eval-only has no model to score there")
     base = demo_grpo_config(RunConfig()) if args.demo else RunConfig()
     if explicit.get("task", base.task) != "gsm8k" and "dataset" not in explicit:
         explicit["dataset"] = ""          # ./gsm8k would silently train another task on GSM8K's questions
@@ -1552,7 +1549,7 @@ def finish_run(run: Run) -> None:
     print("Training completed!")     # after Run.train's checkpoint: --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
     after, after_records = halve_on_oom(cfg, "eval_batch_size", lambda: evaluate(
-        run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval after"), run.optimizer)
+        run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval after"))
     before_records = read_jsonl(run_dir / "eval_before.jsonl")
     paired = flips(before_records, after_records)
     print(f"Accuracy after training: {after['accuracy']:.2%}, before {run.summary['accuracy_before']:.2%} (format "
@@ -1761,9 +1758,7 @@ def recorded_config(run_dir: Path) -> dict:
 def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = None) -> list[Path]:
     """Reward, length, clip fraction, KL and entropy per step, as PNGs in RUN_DIR/plots (or `into`/plots), with
     `summary`'s accuracy; records from before entropy and policy_kl were logged leave gaps."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure      # pyplot's global figures and GUI backend play no part in a file
     metrics = [{"entropy": None, "policy_kl": None, **m} for m in read_jsonl(run_dir / "metrics.jsonl", key="step")]
     if not metrics:
         return []
@@ -1791,7 +1786,8 @@ def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = 
         "entropy.png": ("Entropy of the policy on its samples (per completion token)", "nats",
                         [("mean over the completions the update ran", column("entropy"))], [])}
     for name, (title, ylabel, series, hlines) in figures.items():
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig = Figure(figsize=(7, 4))
+        ax = fig.subplots()
         for label, values in series:    # dots keep a lone step visible: a short run, or one between two gaps
             ax.plot(steps, values, ".-" if name == "entropy.png" or len(steps) <= 30 else "-", label=label)
         if all(math.isnan(v) for _, values in series for v in values):
@@ -1804,7 +1800,6 @@ def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = 
         ax.legend()
         fig.tight_layout()
         replace_file(plots / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-        plt.close(fig)
     return [plots / name for name in figures]
 
 
@@ -2109,16 +2104,15 @@ def halve(cfg: Config, knob: str, update_began: bool = False) -> None:
     warn(f"out of GPU memory; retrying with{smaller}")
 
 
-def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any], optimizer=None):
-    """fn(); on out-of-memory, halve cfg.<knob> and retry down to its floor, never once an optimizer step began."""
-    begun = getattr(optimizer, "updates_begun", 0)
+def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
+    """fn() (an evaluation); on out-of-memory, halve cfg.<knob> and retry down to its floor."""
     while True:
         try:
             return fn()
         except RuntimeError as e:
             if not is_out_of_memory(e):
                 raise
-            halve(cfg, knob, getattr(optimizer, "updates_begun", 0) != begun)
+            halve(cfg, knob)
 
 
 def contiguous_lm_head_input(model) -> None:
