@@ -1352,15 +1352,9 @@ class Run(UpdateHooks):
         self.metrics_file = open(own_path(self.run_dir / "metrics.jsonl"), "a")
         _ctrl_c.update(training=True, asked=0.0)
         try:
-            while True:
-                try:
-                    train_grpo(self.model, self.tokenizer, self.loader, self.optimizer, self.device, cfg.num_epochs,
-                               cfg.group_size, cfg.clip_eps, cfg.max_new_tokens, cfg=cfg, hooks=self)
-                    break
-                except RuntimeError as e:
-                    if not is_out_of_memory(e):
-                        raise
-                    self.retry_smaller()
+            retry_after_oom(lambda: train_grpo(self.model, self.tokenizer, self.loader, self.optimizer, self.device,
+                                               cfg.num_epochs, cfg.group_size, cfg.clip_eps, cfg.max_new_tokens,
+                                               cfg=cfg, hooks=self), self.retry_smaller)
             checkpoint_now(self)      # still under the stop-after-this-step protection: a stop now loses no step
             if _ctrl_c["asked"]:      # the stop asked for: what the run has so far, and what it lacks
                 write_plots(self.run_dir, self.summary)
@@ -1493,8 +1487,8 @@ def evaluate_before(run: Run) -> None:
         same_problems(read_jsonl(run.run_dir / "eval_before.jsonl"), [{"question": q} for q in run.eval_set.questions])
     else:
         print(f"Evaluating the starting model on {len(run.eval_set)} {run.cfg.eval_split} problems...")
-        before, records = halve_on_oom(run.cfg, "eval_batch_size", lambda: evaluate(
-            run.model, run.tokenizer, run.eval_set, run.cfg, run.device, "eval before"))
+        before, records = retry_after_oom(lambda: evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device,
+                                                           "eval before"), lambda: halve(run.cfg, "eval_batch_size"))
         write_jsonl(run.run_dir / "eval_before.jsonl", records)
     print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} {run.cfg.eval_split} problems, "
           f"format {before['format_rate']:.0%})")
@@ -1509,8 +1503,8 @@ def score_only(run: Run) -> None:
     cfg = run.cfg
     print(f"Scoring {cfg.model_path} ({cfg.dtype}, {cfg.max_new_tokens} new tokens) on {len(run.eval_set)} "
           f"{cfg.eval_split} problems...")
-    scores, records = halve_on_oom(cfg, "eval_batch_size", lambda: evaluate(run.model, run.tokenizer, run.eval_set,
-                                                                           cfg, run.device, "eval"))
+    scores, records = retry_after_oom(lambda: evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval"),
+                                      lambda: halve(cfg, "eval_batch_size"))
     write_jsonl(run.run_dir / "eval.jsonl", records)
     print(f"Accuracy: {scores['accuracy']:.2%} ({len(records)} {cfg.eval_split} problems, format "
           f"{scores['format_rate']:.0%})")
@@ -1548,8 +1542,8 @@ def finish_run(run: Run) -> None:
     cfg, run_dir = run.cfg, run.run_dir
     print("Training completed!")     # after Run.train's checkpoint: --resume comes back to this point
     print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
-    after, after_records = halve_on_oom(cfg, "eval_batch_size", lambda: evaluate(
-        run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval after"))
+    after, after_records = retry_after_oom(lambda: evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device,
+                                                            "eval after"), lambda: halve(cfg, "eval_batch_size"))
     before_records = read_jsonl(run_dir / "eval_before.jsonl")
     paired = flips(before_records, after_records)
     print(f"Accuracy after training: {after['accuracy']:.2%}, before {run.summary['accuracy_before']:.2%} (format "
@@ -2104,15 +2098,15 @@ def halve(cfg: Config, knob: str, update_began: bool = False) -> None:
     warn(f"out of GPU memory; retrying with{smaller}")
 
 
-def halve_on_oom(cfg: Config, knob: str, fn: Callable[[], Any]):
-    """fn() (an evaluation); on out-of-memory, halve cfg.<knob> and retry down to its floor."""
+def retry_after_oom(fn: Callable[[], Any], smaller: Callable[[], None]):
+    """fn(), run again after each out-of-memory error once smaller() has halved a batch (it raises at the floor)."""
     while True:
         try:
             return fn()
         except RuntimeError as e:
             if not is_out_of_memory(e):
                 raise
-            halve(cfg, knob)
+            smaller()
 
 
 def contiguous_lm_head_input(model) -> None:

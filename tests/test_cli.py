@@ -236,7 +236,7 @@ def test_out_of_memory_halves_the_micro_batch(error, fits_at, calls):
         if cfg.micro_batch_size > fits_at:
             raise error
         return "done"
-    assert gh.halve_on_oom(cfg, "micro_batch_size", step) == "done" and seen == calls
+    assert gh.retry_after_oom(step, lambda: gh.halve(cfg, "micro_batch_size")) == "done" and seen == calls
 
 
 def test_out_of_memory_at_the_floor_is_a_clear_error_and_other_errors_pass_through():
@@ -245,13 +245,14 @@ def test_out_of_memory_at_the_floor_is_a_clear_error_and_other_errors_pass_throu
     def always():
         raise torch.OutOfMemoryError("CUDA out of memory")
     with pytest.raises(gh.OutOfMemory, match="--max-new-tokens"):
-        gh.halve_on_oom(cfg, "micro_batch_size", always)
+        gh.retry_after_oom(always, lambda: gh.halve(cfg, "micro_batch_size"))
     cfg = gh.RunConfig(group_size=4, generation_batch_size=16)
     with pytest.raises(gh.OutOfMemory):
-        gh.halve_on_oom(cfg, "generation_batch_size", always)
+        gh.retry_after_oom(always, lambda: gh.halve(cfg, "generation_batch_size"))
     assert cfg.generation_batch_size == 4                 # never below one whole group
     with pytest.raises(RuntimeError, match="shape mismatch"):                  # other errors are not swallowed
-        gh.halve_on_oom(cfg, "micro_batch_size", lambda: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+        gh.retry_after_oom(lambda: (_ for _ in ()).throw(RuntimeError("shape mismatch")),
+                           lambda: gh.halve(cfg, "micro_batch_size"))
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.1 GiB"),
@@ -471,8 +472,8 @@ def test_evaluation_retries_out_of_memory_in_smaller_pieces(model_and_tokenizer,
     monkeypatch.setattr(model, "generate", generate)
     dataset = gh.GSM8KDataset("train", tok, dataset_path=str(gsm8k_dir))
     cfg = gh.RunConfig(eval_batch_size=8, max_new_tokens=3)
-    scores, records = gh.halve_on_oom(cfg, "eval_batch_size", lambda: gh.evaluate(   # as a run's evaluations
-        model, tok, dataset, cfg, torch.device("cpu")))
+    scores, records = gh.retry_after_oom(lambda: gh.evaluate(model, tok, dataset, cfg, torch.device("cpu")),
+                                         lambda: gh.halve(cfg, "eval_batch_size"))      # as a run's evaluations
     assert len(records) == 8 and cfg.eval_batch_size == 2
 
 
