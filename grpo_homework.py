@@ -1094,8 +1094,8 @@ class CompiledGeneration:
         config = copy.deepcopy(generation_config)
         config.cache_implementation, config.compile_config = "static", self.compile_config
         try:
-            out = self.plain(input_ids=pad(input_ids, generation_config.pad_token_id), attention_mask=pad(
-                attention_mask, 0), generation_config=config)
+            return self.plain(input_ids=pad(input_ids, generation_config.pad_token_id), attention_mask=pad(
+                attention_mask, 0), generation_config=config)[:rows, extra_cols:]
         except Exception as e:
             if is_out_of_memory(e) or "probability tensor contains" in str(e):     # memory, or NaN in the policy
                 raise
@@ -1103,7 +1103,6 @@ class CompiledGeneration:
             warn(f"compiled generation failed ({first_line(e)}); generating with the dynamic KV cache from here on "
                  f"(--compile-generation off skips the attempt)")
             return dynamic()
-        return out[:rows, extra_cols:]
 
 
 def prefill_once(model, input_ids, attention_mask, num_samples) -> dict:
@@ -1554,8 +1553,7 @@ def finish_run(run: Run) -> None:
     for b, a in list(zip(before_records, after_records))[:cfg.show_examples]:
         print(f"\nQ: {b['question']}\n   gold {show_number(b['gold'])} | before: {show(b)} | after: {show(a)}")
     replace_file(run_dir / "final", lambda tmp: save_model(tmp, run.model, run.tokenizer, final=True), folder=True)
-    run.summary.update(accuracy_after=after["accuracy"], after=after, **paired, finished=True,
-                       steps=run.last_record["step"] if run.last_record else run.start["step"],
+    run.summary.update(accuracy_after=after["accuracy"], after=after, **paired, finished=True, steps=run.done,
                        wall_seconds=time.perf_counter() - run.t_start)
     write_jsonl(run_dir / "eval_after.jsonl", after_records)
     write_plots(run_dir, run.summary)
@@ -1620,8 +1618,7 @@ def read_jsonl(path: Path, key: str | None = None) -> list[dict]:
         try:
             row = json.loads(line)
         except ValueError:
-            if i < len(lines) - 1:
-                raise UserError(f"{path} line {i + 1} is not JSON: the run record is damaged") from None
+            require(i == len(lines) - 1, f"{path} line {i + 1} is not JSON: the run record is damaged")
             warn(f"{path}: ignoring a half-written last line")
             continue
         if not isinstance(row, dict) or (key and not (type(row.get(key)) is int and 0 <= row[key] < 2**63)):
@@ -1694,8 +1691,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
         (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
         save_file(tensors, tmp / TRAINER_STATE[1])
 
-    replace_file(path := own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}", write, folder=True)
-    return path
+    replace_file(own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}", write, folder=True)
 
 
 def saved_checkpoints(run_dir: Path) -> list[Path]:        # oldest first, by N: step-10 comes after step-8
@@ -2297,10 +2293,8 @@ def build_byte_tokenizer(chat_template: str = DEMO_CHAT_TEMPLATE):
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = chat_template
-    return tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>"], chat_template=chat_template)
 
 
 def build_tiny_model(tokenizer, seed: int, hidden: int = 64, layers: int = 2):
@@ -2386,8 +2380,6 @@ def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
     with claimed_run_dir(run_dir, resume=False, clearable=is_demo_run):
         try:
             write_json(run_dir / "demo.json", {"demo": True, "seed": cfg.seed})
-            random.seed(cfg.seed)
-            torch.manual_seed(cfg.seed)
             # the test problems: a stream no screening of the demo's settings scored
             test = word_problems(demo.test_problems, random.Random(f"held-out test {cfg.seed}"))
             train = word_problems(demo.train_problems, random.Random(cfg.seed), exclude={p["question"] for p in test})
