@@ -694,8 +694,8 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     if args.report and explicit:
         raise UserError(f"--report only redraws a run's plots: it takes no other flags (got {', '.join(explicit)})")
     if args.demo and (given := [flag_name(k) for k in ("model_path", "task", "dataset", "eval_only") if k in explicit]):
-        raise UserError(f"--demo trains and scores a model it builds on addition problems it generates: leave out "
-                        f"{' and '.join(given)}")
+        raise UserError(f"--demo builds its own model, then trains and scores it on addition problems it generates: "
+                        f"leave out {' and '.join(given)}")
     if args.resume:
         base = saved_config(Path(args.resume))
         if explicit.get("dtype") == "auto":          # recorded as it resolved: auto keeps it
