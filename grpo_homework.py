@@ -1024,12 +1024,10 @@ def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Ca
                         f"empty folder")
 
 
-def lock_run_dir(run_dir: Path, create: bool = True) -> int | None:
+def lock_run_dir(run_dir: Path) -> int:
     """An exclusive lock on RUN_DIR/run.lock (the system drops it when the process dies); UserError if held."""
     import fcntl
-    if not create and not (run_dir / RUN_LOCK).exists():
-        return None
-    lock = os.open(run_dir / RUN_LOCK, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW, 0o644)
+    lock = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -1721,7 +1719,8 @@ def redraw_report(run_dir: Path) -> None:
     require(is_run_dir(run_dir), f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
     lock, written = None, []
     try:
-        lock = lock_run_dir(run_dir, create=False)      # refused while the run is live: it draws its own plots
+        if (run_dir / RUN_LOCK).exists():         # refused while the run is live: it draws its own plots
+            lock = lock_run_dir(run_dir)
         with tempfile.TemporaryDirectory(prefix=".report-", dir=run_dir, ignore_cleanup_errors=True) as staging:
             for path in write_plots(run_dir, into=Path(staging)) + [write_report_draft(run_dir, into=Path(staging))]:
                 own_path((target := run_dir / path.relative_to(staging)).parent, folder=True).mkdir(exist_ok=True)
@@ -1861,9 +1860,8 @@ def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
     return path
 
 
-def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dict], after: list[dict],
-                   limit: int = 10) -> list[str]:
-    """Sections 1-4: the method as `c` ran it, the hyperparameters, every Nth step, the first `limit` flips each way."""
+def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dict], after: list[dict]) -> list[str]:
+    """Sections 1-4: the method as `c` ran it, the hyperparameters, every Nth step, the first 10 flips each way."""
     signal_groups = RunConfig(min_signal_groups=c["min_signal_groups"], batch_size=c["batch_size"]).signal_groups
     low, high = 1 - c["clip_eps"], 1 + c["clip_eps"]
     lines = ["", "## 1. Algorithm and implementation, as this run ran", "",
@@ -1886,8 +1884,9 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
                  if signal_groups else "") + "."]
     schedule = (f"warm-up {c['lr_warmup_steps']} steps, then " if c["lr_warmup_steps"] else "") + (
         "linear decay to 0" if c["lr_decay"] else "constant")
+    targets = "every linear layer but the output layer" if c["lora_targets"] == "all-linear" else c["lora_targets"]
     settings = {"model": Path(c["model_path"]).name, "dtype": c["dtype"], "weights trained": f"LoRA rank "
-                f"{c['lora_rank']}, alpha {c['lora_alpha']}, {c['lora_targets']}" if c["lora_rank"] else "all",
+                f"{c['lora_rank']}, alpha {c['lora_alpha']}, in {targets}" if c["lora_rank"] else "all",
                 "questions x answers per update": f"{max(signal_groups, c['batch_size'])} x {c['group_size']}" + (
                     f", from up to {(1 + c['max_draws']) * c['batch_size']} questions drawn" if signal_groups else ""),
                 "max new tokens": c["max_new_tokens"], "temperature": f"{c['temperature']:g}",
@@ -1917,9 +1916,9 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
         return lines + ["Not yet: this needs both evaluations (Results)."]
     for title, flip in (("Wrong before, right after", (False, True)), ("Right before, wrong after", (True, False))):
         chosen = [(b, a) for b, a in zip(before, after) if (bool(b["correct"]), bool(a["correct"])) == flip]
-        shown = f", the first {limit} in problem order shown" if len(chosen) > limit else ""
+        shown = ", the first 10 in problem order shown" if len(chosen) > 10 else ""
         lines += [f"### {title}: {len(chosen)}{shown}", ""]
-        for b, a in chosen[:limit]:
+        for b, a in chosen[:10]:
             lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
                       "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
     return lines

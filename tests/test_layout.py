@@ -62,8 +62,9 @@ def test_the_homework_fits_500_lines_and_the_file_2400():
     # the draft's optimizer and drawn questions: 2,474; preconditions as require(), warnings as warn(), the step's
     # record built where it is written, docstrings that restated their line: 2,431; plots on matplotlib's Figure,
     # --demo's refusals in one rule, one retry after out-of-memory for training and evaluation: 2,419; dead code (a
-    # return value no caller reads, the demo's seeds its model builder sets again, a step count run.done holds): 2,411
-    assert len(LINES) <= 2411, f"{len(LINES)} lines in all"
+    # return value no caller reads, the demo's seeds its model builder sets again, a step count run.done holds): 2,411;
+    # the draft's flip limit no caller set, run.lock's read-only mode for --report alone; LoRA's layers in words: 2,410
+    assert len(LINES) <= 2410, f"{len(LINES)} lines in all"
     docstring = ast.get_docstring(TREE, clean=False)
     assert docstring.count("\n") + 1 <= 15
     assert LINES.index("# ===== Part 1: dataset " + "=" * 93) < LINES.index(

@@ -73,8 +73,10 @@ def check_against_records(run_dir: Path, text: str) -> None:
     assert settings["advantage"] == {"grpo": f"(r - group mean) / (group std + {config['advantage_eps']:g})",
                                      "drgrpo": "r - group mean"}[config["advantage"]]
     assert settings["steps run"] == f"{summary['steps']} of {config['max_steps']} at most"
-    assert settings["weights trained"] == (f"LoRA rank {config['lora_rank']}, alpha {config['lora_alpha']}, "
-                                           f"{config['lora_targets']}" if config.get("lora_rank") else "all")
+    targets = config.get("lora_targets")
+    targets = "every linear layer but the output layer" if targets == "all-linear" else targets
+    assert settings["weights trained"] == (f"LoRA rank {config['lora_rank']}, alpha {config['lora_alpha']}, in "
+                                           f"{targets}" if config.get("lora_rank") else "all")
 
     metrics = records(run_dir, "metrics.jsonl")
     shown = rows(text, gh.STEP_COLUMNS)
@@ -183,7 +185,7 @@ def test_section_1_and_the_table_say_in_words_what_other_settings_ran(tmp_path):
     assert "more batches drawn" not in text          # --min-signal-groups 0: a step per batch
     settings = dict(rows(text, "| setting | value |"))
     assert settings["learning rate; schedule"] == "1e-05; warm-up 10 steps, then linear decay to 0"
-    assert settings["weights trained"] == "LoRA rank 16, alpha 32, q_proj,v_proj"
+    assert settings["weights trained"] == "LoRA rank 16, alpha 32, in q_proj,v_proj"
     assert settings["clip range"] == "0.75 to 1.25" and settings["steps run"] == "7 of 50 at most"
     assert settings["model"] == "Qwen2.5-1.5B-Instruct"
     assert settings["loss reduction"] == "mean per answer, then over answers"
