@@ -382,10 +382,10 @@ def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_b
 
 
 def step_line(r: dict) -> str:
-    """A step's line: what moves, not the loss (near 0 at ratio 1); a zero gradient (rewards alike?) takes no step."""
+    """A step's line: what moves, not the loss (near 0 at ratio 1); a zero (rewards alike?) or NaN gradient: no step."""
     return (f"step {r['step']}: mean reward {r['reward_mean']:.3f}, length {r['completion_len_mean']:.0f} tokens "
-            f"({r['truncated_frac']:.0%} cut off at the limit), " + (f"grad norm {r['grad_norm']:.3g}" if r["grad_norm"]
-                                                                   else "no update: zero gradient"))
+            f"({r['truncated_frac']:.0%} cut off at the limit), grad norm {r['grad_norm']:.3g}" + (
+                "" if 0 < r["grad_norm"] < math.inf else " (no update)"))
 
 
 class Hooks:
@@ -1719,8 +1719,7 @@ def redraw_report(run_dir: Path) -> None:
     require(is_run_dir(run_dir), f"--report {run_dir}: no run record (config.json) there, so it is not a run directory")
     lock, written = None, []
     try:
-        if (run_dir / RUN_LOCK).exists():         # refused while the run is live: it draws its own plots
-            lock = lock_run_dir(run_dir)
+        lock = lock_run_dir(run_dir) if (run_dir / RUN_LOCK).exists() else None     # refused while the run is live
         with tempfile.TemporaryDirectory(prefix=".report-", dir=run_dir, ignore_cleanup_errors=True) as staging:
             for path in write_plots(run_dir, into=Path(staging)) + [write_report_draft(run_dir, into=Path(staging))]:
                 own_path((target := run_dir / path.relative_to(staging)).parent, folder=True).mkdir(exist_ok=True)

@@ -63,8 +63,9 @@ def test_the_homework_fits_500_lines_and_the_file_2400():
     # record built where it is written, docstrings that restated their line: 2,431; plots on matplotlib's Figure,
     # --demo's refusals in one rule, one retry after out-of-memory for training and evaluation: 2,419; dead code (a
     # return value no caller reads, the demo's seeds its model builder sets again, a step count run.done holds): 2,411;
-    # the draft's flip limit no caller set, run.lock's read-only mode for --report alone; LoRA's layers in words: 2,410
-    assert len(LINES) <= 2410, f"{len(LINES)} lines in all"
+    # the draft's flip limit no caller set, run.lock's read-only mode for --report alone (then LoRA's layers in words,
+    # a line more): 2,409
+    assert len(LINES) <= 2409, f"{len(LINES)} lines in all"
     docstring = ast.get_docstring(TREE, clean=False)
     assert docstring.count("\n") + 1 <= 15
     assert LINES.index("# ===== Part 1: dataset " + "=" * 93) < LINES.index(
@@ -197,11 +198,14 @@ def test_train_grpo_called_as_the_template_calls_it_prints_each_step(model_dir, 
     assert [line.split(":")[0] for line in out] == ["step 1", "step 2"], out
     for h, line in zip(history, out):       # #100: what moves, not a loss that is about 0 by construction
         assert line == (f"step {h['step']}: mean reward {h['reward_mean']:.3f}, length {h['completion_len_mean']:.0f} "
-                        f"tokens ({h['truncated_frac']:.0%} cut off at the limit), " + (
-                            f"grad norm {h['grad_norm']:.3g}" if h["grad_norm"] else "no update: zero gradient")), out
+                        f"tokens ({h['truncated_frac']:.0%} cut off at the limit), grad norm {h['grad_norm']:.3g}" + (
+                            "" if h["grad_norm"] else " (no update)")), out
     equal = {"step": 3, "reward_mean": 0.0, "completion_len_mean": 8.0, "truncated_frac": 1.0, "grad_norm": 0.0}
     assert gh.step_line(equal) == "step 3: mean reward 0.000, length 8 tokens (100% cut off at the limit), " \
-                                  "no update: zero gradient"
+                                  "grad norm 0 (no update)"
+    for norm, said in ((float("nan"), "nan"), (float("inf"), "inf")):     # train_grpo takes no step on these either
+        assert gh.step_line({**equal, "grad_norm": norm}).endswith(f"limit), grad norm {said} (no update)")
+    assert gh.step_line({**equal, "grad_norm": 0.25}).endswith("limit), grad norm 0.25")
 
 
 # ----- TODO 4 on the models a grader's test builds -----
