@@ -66,6 +66,18 @@ def test_the_reward_reads_real_qwen_completions(row):
     assert gh.compute_reward([row["completion"]], [row["gold"]], strict_answer=True).tolist() == [float(right)]
 
 
+def test_every_committed_answer_scores_as_recorded_by_todays_reward():
+    """The reported trainings ran older code (ee633bf, 40be262), whose reward let '#### 19.0000001' count for 19
+    (plots/code-since-the-runs/notes.md): each answer their records hold, read by today's compute_reward, gets its
+    recorded verdict, so no figure of report.md would change under today's reward."""
+    files = sorted((Path(__file__).parent.parent / "plots").rglob("eval*.jsonl"))
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    assert len(files) >= 60 and len(rows) >= 12_000
+    rewards = gh.compute_reward([r["completion"] for r in rows], [r["gold"] for r in rows])
+    assert rewards.tolist() == [float(r["correct"]) for r in rows]
+    assert gh.compute_reward(["#### 19.0000001"], [19.0]).tolist() == [0.0]      # the one reading that changed
+
+
 @pytest.mark.parametrize("hostile", ["#### " * 50_000, "answer is " * 50_000, "####" + " " * 200_000 + "x",
                                      "#### " + "1," * 100_000 + ".", "$-" * 100_000, "\\$-" * 100_000,
                                      "\\boxed{" * 50_000, "#### 5" + " \n" * 100_000 + "x", "\n" * 100_000 + "#### 1x"])
