@@ -233,14 +233,14 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with
     ratio = exp(logprobs - old_logprobs) (its log clamped to +-20: exp stays finite) and A the completion's advantage,
     reduced over the masked tokens: seq-mean (default, the GRPO paper's) averages each completion's tokens, then the
-    completions; drgrpo (Dr. GRPO's, Config's default) divides their sum by completions * num_tokens (or seq width)."""
+    completions; drgrpo (Dr. GRPO's, Config's default) divides their sum by completions * num_tokens (the limit)."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)   # [batch, seq]
     if loss_agg == "drgrpo":
-        return masked_mean_drgrpo(per_token, loss_mask, num_tokens or per_token.shape[-1])
+        return masked_mean_drgrpo(per_token, loss_mask, num_tokens)      # a constant: the caller's token limit
     return masked_mean(per_token, loss_mask)
 
 
