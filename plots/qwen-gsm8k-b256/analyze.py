@@ -147,8 +147,9 @@ def plot_curves(runs, out):
             axes[1, 1].set_yscale("log")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
+    # below the panels, where it covers no point
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     fig.savefig(out, dpi=100)
 
 
