@@ -231,17 +231,18 @@ def kl_k3(logprobs, ref_logprobs):
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, loss_agg="seq-mean",
                         num_tokens=None):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with
-    ratio = exp(logprobs - old_logprobs) (its log clamped to +-20: exp stays finite) and A the completion's advantage,
-    reduced over the masked tokens: seq-mean (default, the GRPO paper's) averages each completion's tokens, then the
-    completions; drgrpo (Dr. GRPO's, Config's default) divides their sum by completions * num_tokens (the limit)."""
+    ratio = exp(logprobs - old_logprobs) and A its completion's advantage, reduced over the masked tokens by seq-mean
+    (default, the GRPO paper's): each completion's mean, then their mean; or drgrpo (Dr. GRPO's, Config's default)."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)   # [batch, seq]
-    if loss_agg == "drgrpo":
-        return masked_mean_drgrpo(per_token, loss_mask, num_tokens)      # a constant: the caller's token limit
-    return masked_mean(per_token, loss_mask)
+    if loss_agg == "seq-mean":
+        return masked_mean(per_token, loss_mask)
+    if loss_agg == "drgrpo" and num_tokens:
+        return masked_mean_drgrpo(per_token, loss_mask, num_tokens)     # a constant: the caller's token limit
+    raise ValueError(f"loss_agg={loss_agg!r}: 'seq-mean', or 'drgrpo' with num_tokens (the caller's token limit)")
 
 
 # ===== Part 4: training loop: generation, log-probs, the update, train_grpo, evaluation ============================
@@ -487,11 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     with ctrl_c_latch():            # Ctrl-C, SIGTERM, SIGHUP: the first one stops training after its step
         try:
             run_command(*parse_config(argv))     # the homework run: load, evaluate, train_grpo, evaluate, save
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:     # before a run began (parsing): nothing was written
-            print("error: interrupted before the run began; nothing was written", file=sys.stderr)
+        except (UserError, KeyboardInterrupt) as e:     # Ctrl-C here: before a run began (parsing), nothing written
+            print(f"error: {str(e) or 'interrupted before the run began; nothing was written'}", file=sys.stderr)
             return 2
     return 0
 

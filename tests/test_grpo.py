@@ -106,6 +106,15 @@ def test_policy_loss_hand_computed():
     assert drgrpo.item() == pytest.approx((-1 - 1.2 - 0.5 + 3 + 1.6) / 6)
 
 
+@pytest.mark.parametrize("loss_agg, num_tokens", [("drgrpo", None), ("drgrpo", 0), ("token-mean", 3), ("", None)])
+def test_policy_loss_refuses_a_reduction_it_cannot_compute(loss_agg, num_tokens):
+    """Dr. GRPO's divisor is the caller's token limit, never guessed; a reduction TODO 3 does not know is an error,
+    not a silent seq-mean."""
+    logprobs, old, adv, mask = _hand_case()
+    with pytest.raises(ValueError, match="'seq-mean', or 'drgrpo' with num_tokens"):
+        gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, loss_agg=loss_agg, num_tokens=num_tokens)
+
+
 def test_a_bf16_models_log_probs_reach_the_loss_in_fp32(model_dir):
     """TODO 4 widens a bf16 model's logits to fp32 before the log-softmax, so TODO 3's ratios are fp32: in bf16 a ratio
     near 1 moves in steps of 0.008, enough to move tokens across the clip's edges."""

@@ -678,6 +678,15 @@ def test_ctrl_c_while_the_libraries_load_is_one_line():
     assert proc.returncode == 2 and "Traceback" not in err and err.strip().startswith("error: interrupted"), err
 
 
+def test_ctrl_c_while_the_flags_are_read_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gh, "parse_config", interrupted)
+    code = gh.main(["model", "--output-dir", str(tmp_path / "run")])
+    assert (code, capsys.readouterr().err) == (2, "error: interrupted before the run began; nothing was written\n")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("empty, message", [("test", "split 'test[:4]' of {data} has no rows"),
                                             ("train", "cannot load the splits of {data} (a split with no rows?)")])
 def test_an_empty_split_is_named_with_its_cause(model_dir, tmp_path, capsys, empty, message):
