@@ -51,10 +51,10 @@ class Config:
     learning_rate: float = _flag(2e-6, "AdamW learning rate")
     num_epochs: int = _flag(1, "passes over the training problems")
     clip_eps: float = _flag(0.2, "PPO clip range: ratios outside [1 - eps, 1 + eps] are clipped")
-    # the objective: the GRPO paper's advantages; Dr. GRPO's loss reduction, so that length does not reweight tokens
+    # the objective: the GRPO paper's (DeepSeekMath) advantages and loss reduction; Dr. GRPO's forms are options
     advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
     advantage_eps: float = _flag(1e-4, "added to the group std before dividing")
-    loss_agg: str = _flag("drgrpo", "drgrpo (sum / max-new-tokens) or seq-mean (GRPO)", choices=["seq-mean", "drgrpo"])
+    loss_agg: str = _flag("seq-mean", "seq-mean (GRPO) or drgrpo (sum/max-new-tokens)", choices=["seq-mean", "drgrpo"])
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
@@ -230,9 +230,9 @@ def kl_k3(logprobs, ref_logprobs):
 # ----- TODO 3: the clipped policy-gradient loss -----
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, loss_agg="seq-mean",
                         num_tokens=None):
-    """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with
-    ratio = exp(logprobs - old_logprobs) and A its completion's advantage, reduced over the masked tokens by seq-mean
-    (default, the GRPO paper's): each completion's mean, then their mean; or drgrpo (Dr. GRPO's, Config's default)."""
+    """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with ratio =
+    exp(logprobs - old_logprobs), A its completion's advantage; over masked tokens, seq-mean (default, the GRPO paper's)
+    averages each completion's, then the completions; drgrpo (Dr. GRPO's) sums / (completions * num_tokens)."""
     # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
@@ -431,7 +431,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                max_new_tokens=256, *, cfg: Config | None = None, hooks: Hooks | None = None):
     """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
     group's (the advantages), (4) one optimizer step on TODO 3's loss (ratio 1: the clip acts from a 2nd PPO epoch on);
-    returns the step records. cfg: Config's, with these arguments (T 0.7, Dr. GRPO's reduction); hooks: a run's seam."""
+    returns the step records. cfg: Config's, with these arguments (T 0.7, ...); hooks: a run's seam."""
     cfg, hooks = loop_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
     for batch in hooks.batches(train_loader, cfg.num_epochs):        # a run: from where it stopped, to its last step
         # 1. Sample group_size completions of each prompt from the current policy

@@ -20,7 +20,8 @@ HERE = Path(__file__).resolve().parent
 TIMINGS = {"gen_seconds", "update_seconds", "tokens_per_s", "peak_mem_gb"}
 COMMON = ["--device", "cpu", "--prompt-style", "plain", "--eval-size", "8", "--batch-size", "4", "--group-size", "8",
           "--max-new-tokens", "8", "--generation-batch-size", "16", "--micro-batch-size", "5", "--eval-batch-size",
-          "4", "--lr-warmup-steps", "1", "--plot-every", "0", "--seed", "3", "--learning-rate", "5e-4"]
+          "4", "--lr-warmup-steps", "1", "--plot-every", "0", "--seed", "3", "--learning-rate", "5e-4",
+          "--loss-agg", "drgrpo"]      # the default until 2026-11-29: the records before it hold this reduction
 RUNS = {
     "signal": ["--max-steps", "3", "--max-draws", "2", "--min-signal-groups", "2", "--dtype", "float32"],
     "kl": ["--max-steps", "2", "--kl-coef", "0.05", "--ppo-epochs", "2", "--min-signal-groups", "0",

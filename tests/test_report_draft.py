@@ -101,7 +101,7 @@ def check_against_records(run_dir: Path, text: str) -> None:
 def tiny_run(model_dir, gsm8k_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("draft") / "run"
     assert gh.main(tiny_args(model_dir, gsm8k_dir, out, "--max-steps", "4", "--kl-coef", "0.05",
-                             "--plot-every", "0")) == 0
+                             "--loss-agg", "drgrpo", "--plot-every", "0")) == 0
     return out
 
 
