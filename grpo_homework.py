@@ -431,7 +431,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                max_new_tokens=256, *, cfg: Config | None = None, hooks: Hooks | None = None):
     """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
     group's (the advantages), (4) one optimizer step on TODO 3's loss (ratio 1: the clip acts from a 2nd PPO epoch on);
-    returns the step records. cfg: Config's, with these arguments (T 0.7, ...); hooks: a run's seam."""
+    returns the step records. cfg: settings, by default Config's with the arguments above; hooks: what a run adds."""
     cfg, hooks = loop_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
     for batch in hooks.batches(train_loader, cfg.num_epochs):        # a run: from where it stopped, to its last step
         # 1. Sample group_size completions of each prompt from the current policy
