@@ -231,9 +231,9 @@ def kl_k3(logprobs, ref_logprobs):
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, loss_agg="seq-mean",
                         num_tokens=None):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with ratio =
-    exp(logprobs - old_logprobs), A its completion's advantage; over masked tokens, seq-mean (default, the GRPO paper's)
-    averages each completion's, then the completions; drgrpo (Dr. GRPO's) sums / (completions * num_tokens)."""
-    # Selection, not multiplication: whatever sits at masked positions (even inf) never reaches the loss or gradient
+    exp(logprobs - old_logprobs) (its log clamped to +-20, past which no gradient flows) and A its completion's
+    advantage. Masked tokens are selected out (even an inf there never reaches the loss), the rest reduced by seq-mean
+    (default, the GRPO paper's): per completion, then over them; or drgrpo (Dr. GRPO's): sum / (rows * num_tokens)."""
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion

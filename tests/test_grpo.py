@@ -106,6 +106,17 @@ def test_policy_loss_hand_computed():
     assert drgrpo.item() == pytest.approx((-1 - 1.2 - 0.5 + 3 + 1.6) / 6)
 
 
+def test_policy_loss_clamps_the_log_ratio_at_20_past_which_no_gradient_flows():
+    """As TODO 3's docstring says: a negative advantage's unclipped side still acts at log-ratio 10 (gradient
+    -A * ratio), not at 25, where the clamp holds the ratio at exp(20)."""
+    old = torch.zeros(1, 2)
+    logprobs = torch.tensor([[10.0, 25.0]], requires_grad=True)
+    loss = gh.compute_policy_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 2))
+    loss.backward()
+    assert loss.item() == pytest.approx((math.exp(10) + math.exp(20)) / 2, rel=1e-6)
+    assert logprobs.grad[0, 0].item() == pytest.approx(math.exp(10) / 2, rel=1e-6) and logprobs.grad[0, 1].item() == 0
+
+
 @pytest.mark.parametrize("loss_agg, num_tokens", [("drgrpo", None), ("drgrpo", 0), ("token-mean", 3), ("", None)])
 def test_policy_loss_refuses_a_reduction_it_cannot_compute(loss_agg, num_tokens):
     """Dr. GRPO's divisor is the caller's token limit, never guessed; a reduction TODO 3 does not know is an error,
