@@ -1229,8 +1229,7 @@ class UpdateHooks(Hooks):
             self.index, self.logits = self.index + 1, None
         if micro.ref_logprobs is not None:         # its k3 KL, reduced as compute_policy_loss reduces the loss
             kl = kl_k3(logprobs, micro.ref_logprobs)
-            kl = masked_mean_drgrpo(kl, mask, cfg.max_new_tokens or kl.shape[-1]) if cfg.loss_agg == "drgrpo" else \
-                masked_mean(kl, mask)
+            kl = masked_mean_drgrpo(kl, mask, cfg.max_new_tokens) if cfg.loss_agg == "drgrpo" else masked_mean(kl, mask)
             self.stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs
             loss = loss + cfg.kl_coef * kl
         self.loss += weight * loss.item()
