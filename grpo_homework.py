@@ -793,8 +793,8 @@ def run_command(cfg: RunConfig, args: argparse.Namespace) -> None:
     if args.demo:
         return run_demo(cfg)
     validate_config(cfg)
-    with claimed_run_dir(Path(cfg.output_dir), resume=bool(args.resume), model_path=cfg.model_path):
-        run_phases(cfg, Path(cfg.output_dir), resume=bool(args.resume))
+    with claimed_run_dir(Path(cfg.output_dir), resume=bool(args.resume), model_path=cfg.model_path) as run_dir:
+        run_phases(cfg, run_dir, resume=bool(args.resume))
 
 
 def run_phases(cfg: "RunConfig", run_dir: Path, resume: bool) -> dict:
@@ -858,8 +858,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
         return open_record(Run(cfg, None, run_dir=run_dir, device=device, model=model, tokenizer=tokenizer,
                                loader=None, eval_set=eval_set), None, resume)
     train_set = problems("train", cfg.val_size, cfg.train_size and cfg.val_size + cfg.train_size)
-    if len(train_set) < cfg.batch_size:
-        raise UserError(f"{len(train_set)} train problems, fewer than --batch-size {cfg.batch_size}")
+    require((n := len(train_set)) >= cfg.batch_size, f"{n} train problems, fewer than --batch-size {cfg.batch_size}")
     # A shuffle that depends only on (seed, epoch): a resumed run sees the same data; the loader's own generator
     # keeps it off the sampling stream, which a resumed run must continue exactly.
     sampler = torch.utils.data.DistributedSampler(train_set, 1, 0, seed=cfg.seed, drop_last=True)
@@ -1183,7 +1182,6 @@ class UpdateHooks(Hooks):
         self.stats = dict(loss=0.0, clipfrac=0.0, approx_kl=0.0, kl_ref=0.0, grad_norm=0.0, policy_kl=0.0,
                           entropy=None, no_signal=not self.chunks, skipped=0)
         self.entropy_sum, self.entropy_tokens, self.logits = 0.0, 0.0, None
-        self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
         capture = model.register_forward_hook(lambda module, args, output: setattr(self, "logits", output.logits))
         try:
             for self.epoch in range(cfg.ppo_epochs):
@@ -1299,6 +1297,11 @@ class Run(UpdateHooks):
         self.pool = []
         if self.last_record:
             self.start = {key: self.last_record[key] for key in self.start}
+
+    def evaluation(self, heading: str, tag: str) -> tuple[dict, list[dict]]:    # greedy, retried on halved batches
+        print(f"{heading} on {len(self.eval_set)} {self.cfg.eval_split} problems...")
+        return retry_after_oom(lambda: evaluate(self.model, self.tokenizer, self.eval_set, self.cfg, self.device, tag),
+                               lambda: halve(self.cfg, "eval_batch_size"))
 
     def end_step(self, rollout: Rollout, stats: dict) -> dict:
         """The schedule; the record (a metrics.jsonl line on all samples drawn), then checkpoint, summary, plots."""
@@ -1440,8 +1443,7 @@ def set_aside_end(run_dir: Path, summary: dict) -> dict:
         if (run_dir / name).exists():
             os.replace(own_path(run_dir / name, folder=name == "final"), own_path(folder / name, name == "final"))
     print(f"{run_dir} had finished at step {step}: its final/ and evaluation after moved to {folder}")
-    ended = {k: v for k, v in summary.items() if k not in ("accuracy_after", "after", "gained", "lost", "sign_test_p",
-                                                            "difference_95")}
+    ended = {k: v for k, v in summary.items() if k not in ("accuracy_after", "after", *flips([], []))}  # finish_run's
     ended.update(finished=False, earlier_ends=summary.get("earlier_ends", []) + [f"earlier-ends/step-{step}"])
     write_json(run_dir / "summary.json", ended)
     return ended
@@ -1462,8 +1464,7 @@ def checked_inputs(run: Run, saved: dict, reads_model: bool) -> dict:
 
 def folder_fingerprint(path: str) -> str | None:
     """sha256 over a local model folder's files, names and bytes (a few seconds for GBs); None for a hub id."""
-    folder = Path(path)
-    if not folder.is_dir():
+    if not (folder := Path(path)).is_dir():
         return None
     digest = hashlib.sha256()
     for file in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
@@ -1480,9 +1481,7 @@ def evaluate_before(run: Run) -> None:
     if before is not None:
         same_problems(read_jsonl(run.run_dir / "eval_before.jsonl"), [{"question": q} for q in run.eval_set.questions])
     else:
-        print(f"Evaluating the starting model on {len(run.eval_set)} {run.cfg.eval_split} problems...")
-        before, records = retry_after_oom(lambda: evaluate(run.model, run.tokenizer, run.eval_set, run.cfg, run.device,
-                                                           "eval before"), lambda: halve(run.cfg, "eval_batch_size"))
+        before, records = run.evaluation("Evaluating the starting model", "eval before")
         write_jsonl(run.run_dir / "eval_before.jsonl", records)
     print(f"Accuracy before training: {before['accuracy']:.2%} ({len(run.eval_set)} {run.cfg.eval_split} problems, "
           f"format {before['format_rate']:.0%})")
@@ -1495,10 +1494,7 @@ def evaluate_before(run: Run) -> None:
 def score_only(run: Run) -> None:
     """--eval-only: the greedy accuracy of MODEL_PATH as loaded (eval.jsonl; summary.json says what was scored)."""
     cfg = run.cfg
-    print(f"Scoring {cfg.model_path} ({cfg.dtype}, {cfg.max_new_tokens} new tokens) on {len(run.eval_set)} "
-          f"{cfg.eval_split} problems...")
-    scores, records = retry_after_oom(lambda: evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device, "eval"),
-                                      lambda: halve(cfg, "eval_batch_size"))
+    scores, records = run.evaluation(f"Scoring {cfg.model_path} ({cfg.dtype}, {cfg.max_new_tokens} new tokens)", "eval")
     write_jsonl(run.run_dir / "eval.jsonl", records)
     print(f"Accuracy: {scores['accuracy']:.2%} ({len(records)} {cfg.eval_split} problems, format "
           f"{scores['format_rate']:.0%})")
@@ -1535,9 +1531,7 @@ def finish_run(run: Run) -> None:
     """Evaluate the trained policy (checkpointed by Run.train), then write final/ (renamed into place), records."""
     cfg, run_dir = run.cfg, run.run_dir
     print("Training completed!")     # after Run.train's checkpoint: --resume comes back to this point
-    print(f"Evaluating the trained model on {len(run.eval_set)} {cfg.eval_split} problems...")
-    after, after_records = retry_after_oom(lambda: evaluate(run.model, run.tokenizer, run.eval_set, cfg, run.device,
-                                                            "eval after"), lambda: halve(cfg, "eval_batch_size"))
+    after, after_records = run.evaluation("Evaluating the trained model", "eval after")
     before_records = read_jsonl(run_dir / "eval_before.jsonl")
     paired = flips(before_records, after_records)
     print(f"Accuracy after training: {after['accuracy']:.2%}, before {run.summary['accuracy_before']:.2%} (format "
@@ -2371,8 +2365,7 @@ def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
     """A tiny model and task (RUN_DIR/demo_model, demo_data), warmed up, saved and run through the real pipeline."""
     t0 = time.perf_counter()
     validate_config(cfg)
-    run_dir = Path(cfg.output_dir)
-    with claimed_run_dir(run_dir, resume=False, clearable=is_demo_run):
+    with claimed_run_dir(Path(cfg.output_dir), resume=False, clearable=is_demo_run) as run_dir:
         try:
             write_json(run_dir / "demo.json", {"demo": True, "seed": cfg.seed})
             # the test problems: a stream no screening of the demo's settings scored
