@@ -369,13 +369,13 @@ def micro_batch_rows(rollout: Rollout, cfg: Config):
     """(rows, columns, share) of each micro-batch: micro_batch_size rows cut after their last completion column, at
     their share of the batch's rows, so the gradients add up to the whole batch's. Rows whose gradient is exactly 0
     (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
-    live = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
+    has_gradient = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
         ((rollout.advantages != 0) | (rollout.ref_logprobs is not None))        # [rows]
-    index = live.nonzero().squeeze(1)
+    index = has_gradient.nonzero().squeeze(1)
     for start in range(0, len(index), cfg.micro_batch_size):
         rows = index[start:start + cfg.micro_batch_size]
         used = rollout.loss_mask[rows.to(rollout.loss_mask.device)]             # [micro, seq]
-        yield rows, int(used.any(0).nonzero()[-1]) + 1, len(rows) / len(live)
+        yield rows, int(used.any(0).nonzero()[-1]) + 1, len(rows) / len(rollout.rewards)     # of all the batch's rows
 
 
 def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_batch_size rows, with their shares
