@@ -51,10 +51,9 @@ class Config:
     learning_rate: float = _flag(2e-6, "AdamW learning rate")
     num_epochs: int = _flag(1, "passes over the training problems")
     clip_eps: float = _flag(0.2, "PPO clip range: ratios outside [1 - eps, 1 + eps] are clipped")
-    # the objective: the GRPO paper's (DeepSeekMath) advantages and loss reduction; Dr. GRPO's forms are options
+    # the objective: the GRPO paper's (DeepSeekMath) advantages; Dr. GRPO's form is an option
     advantage: str = _flag("grpo", "grpo: (r - mean) / (std + eps); drgrpo: r - mean", choices=["grpo", "drgrpo"])
     advantage_eps: float = _flag(1e-4, "added to the group std before dividing")
-    loss_agg: str = _flag("seq-mean", "seq-mean (GRPO) or drgrpo (sum/max-new-tokens)", choices=["seq-mean", "drgrpo"])
     format_reward: float = _flag(0.0, "reward added for a well-formed final answer line")
     strict_answer: bool = _flag(False, "reward an answer only in the well-formed final line, not anywhere")
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
@@ -228,21 +227,16 @@ def kl_k3(logprobs, ref_logprobs):
 
 
 # ----- TODO 3: the clipped policy-gradient loss -----
-def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2, *, loss_agg="seq-mean",
-                        num_tokens=None):
+def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with ratio =
     exp(logprobs - old_logprobs) (its log clamped to +-20, past which no gradient flows) and A its completion's
-    advantage. Masked tokens are selected out (even an inf there never reaches the loss), the rest reduced by seq-mean
-    (default, the GRPO paper's): per completion, then over them; or drgrpo (Dr. GRPO's): sum / (rows * num_tokens)."""
+    advantage. Masked tokens are selected out (even an inf there never reaches the loss); the rest are averaged per
+    completion, then over completions (the GRPO paper's reduction)."""
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)   # [batch, seq]
-    if loss_agg == "seq-mean":
-        return masked_mean(per_token, loss_mask)
-    if loss_agg == "drgrpo" and num_tokens:
-        return masked_mean_drgrpo(per_token, loss_mask, num_tokens)     # a constant: the caller's token limit
-    raise ValueError(f"loss_agg={loss_agg!r}: 'seq-mean', or 'drgrpo' with num_tokens (the caller's token limit)")
+    return masked_mean(per_token, loss_mask)                                  # scalar
 
 
 # ===== Part 4: training loop: generation, log-probs, the update, train_grpo, evaluation ============================
@@ -451,8 +445,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
                 loss = compute_policy_loss(   # old log-probs: these, detached (ratio 1), unless a run saved them
                     logprobs, logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs,
-                    micro.advantages, micro.loss_mask, cfg.clip_eps, loss_agg=cfg.loss_agg,
-                    num_tokens=cfg.max_new_tokens)
+                    micro.advantages, micro.loss_mask, cfg.clip_eps)
                 (share * hooks.penalized(micro, logprobs, loss)).backward()
             rollout.grad_norm = clip_grad_norm_([w for group in optimizer.param_groups for w in group["params"]],
                                                 cfg.max_grad_norm).item()      # every weight the optimizer steps
@@ -536,6 +529,9 @@ class RunConfig(Config):
     max_steps: int = _flag(200, "stop after this many steps (0 = no limit)")
     kl_coef: float = _flag(0.0, "weight of the k3 KL to the starting model (0 = no reference)")
     ppo_epochs: int = _flag(1, "updates on each rollout; >1 computes old log-probs once before the first")
+    loss_agg: str = _flag("seq-mean", "seq-mean: TODO 3's mean per answer, then over answers (GRPO); drgrpo: sum / "
+                          "(answers x max-new-tokens), as TODO 3 with each advantage x its length / max-new-tokens "
+                          "(Dr. GRPO)", choices=["seq-mean", "drgrpo"])
     generation_batch_size: int = _flag(64, "sequences per generate call (halved automatically on CUDA OOM)")
     lora_rank: int = _flag(0, "train peft LoRA adapters of this rank instead of every weight (0 = full)")
     lora_alpha: int = _flag(32, "LoRA scale: an adapter's update is multiplied by alpha / rank")
@@ -1169,6 +1165,9 @@ class UpdateHooks(Hooks):
         then the step's statistics, how far the policy moved (policy_kl) and its record, printed."""
         cfg, model = self.cfg, self.model
         model.train()         # dropout and gradient checkpointing, where a model has them; generation runs in eval
+        if cfg.loss_agg == "drgrpo":     # Dr. GRPO's sum / (rows x max_new_tokens) is TODO 3's mean per completion
+            lengths = rollout.loss_mask.sum(1).to(rollout.advantages)      # with each advantage x its length / limit
+            rollout = dataclasses.replace(rollout, advantages=rollout.advantages * lengths / cfg.max_new_tokens)
         if self.ref_model is not None and cfg.kl_coef > 0:     # every row then has a gradient (its KL): all scored
             rollout.ref_logprobs = torch.zeros(rollout.output_ids.shape, device=rollout.output_ids.device)
         self.chunks = list(micro_batch_rows(rollout, cfg))       # train_grpo's micro-batches; none without a gradient
@@ -1225,7 +1224,7 @@ class UpdateHooks(Hooks):
                     self.entropy_tokens + mask.sum()
                 self.logprobs_before = logprobs.detach() if self.index == 0 else self.logprobs_before
             self.index, self.logits = self.index + 1, None
-        if micro.ref_logprobs is not None:         # its k3 KL, reduced as compute_policy_loss reduces the loss
+        if micro.ref_logprobs is not None:         # its k3 KL, reduced as the loss is (--loss-agg)
             kl = kl_k3(logprobs, micro.ref_logprobs)
             kl = masked_mean_drgrpo(kl, mask, cfg.max_new_tokens) if cfg.loss_agg == "drgrpo" else masked_mean(kl, mask)
             self.stats["kl_ref"] += weight * kl.item() / cfg.ppo_epochs

@@ -8,6 +8,8 @@ refactoring that moves code but not arithmetic gives the same records and byte-i
 cover the paths a re-layout could disturb: signal filling (several draws a step), the KL reference with two PPO
 epochs, the mean-only advantage with the GRPO paper's mean per completion, bf16 weights with stochastic rounding
 and gradient checkpointing, LoRA (when peft is installed), and a checkpoint resumed mid-run. About two minutes.
+Since Dr. GRPO's reduction became TODO 3's mean on length-scaled advantages, runs with --loss-agg drgrpo differ from
+records made before at float rounding (a loss near 0 by construction, relatively more): record the baseline after it.
 """
 import hashlib
 import json

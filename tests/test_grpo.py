@@ -101,9 +101,18 @@ def test_policy_loss_hand_computed():
     assert loss.item() == pytest.approx((-0.9 + 2.3) / 2)
     stats = gh.clip_stats(logprobs, old, mask, 0.2)     # ratios 1.5, 0.5, 1.5, 0.5 of 5 tokens are past the clip
     assert stats["clipfrac"] == pytest.approx(4 / 5)
-    # Dr. GRPO's: the five tokens' sum over (3 tokens x 2 completions)
-    drgrpo = gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, loss_agg="drgrpo", num_tokens=3)
-    assert drgrpo.item() == pytest.approx((-1 - 1.2 - 0.5 + 3 + 1.6) / 6)
+
+
+def test_dr_grpos_reduction_is_todo_3_on_advantages_scaled_by_length_over_the_limit():
+    """--loss-agg drgrpo: Dr. GRPO's loss, the five tokens' sum over (3 tokens x 2 completions), is TODO 3's mean per
+    completion with each advantage x its completion's length / 3: the run scales them so (UpdateHooks.updates)."""
+    logprobs, old, adv, mask = _hand_case()
+    scaled = adv * mask.sum(1) / 3                                       # [1 x 3/3, -2 x 2/3]
+    assert scaled.tolist() == pytest.approx([1.0, -4 / 3])
+    drgrpo = (-1 - 1.2 - 0.5 + 3 + 1.6) / 6
+    assert gh.compute_policy_loss(logprobs, old, scaled, mask, 0.2).item() == pytest.approx(drgrpo)
+    per_token = torch.tensor([[-1.0, -1.2, -0.5], [3.0, 1.6, 123.0]])     # the hand values above; the last masked
+    assert gh.masked_mean_drgrpo(per_token, mask, 3).item() == pytest.approx(drgrpo)
 
 
 def test_policy_loss_clamps_the_log_ratio_at_20_past_which_no_gradient_flows():
@@ -115,15 +124,6 @@ def test_policy_loss_clamps_the_log_ratio_at_20_past_which_no_gradient_flows():
     loss.backward()
     assert loss.item() == pytest.approx((math.exp(10) + math.exp(20)) / 2, rel=1e-6)
     assert logprobs.grad[0, 0].item() == pytest.approx(math.exp(10) / 2, rel=1e-6) and logprobs.grad[0, 1].item() == 0
-
-
-@pytest.mark.parametrize("loss_agg, num_tokens", [("drgrpo", None), ("drgrpo", 0), ("token-mean", 3), ("", None)])
-def test_policy_loss_refuses_a_reduction_it_cannot_compute(loss_agg, num_tokens):
-    """Dr. GRPO's divisor is the caller's token limit, never guessed; a reduction TODO 3 does not know is an error,
-    not a silent seq-mean."""
-    logprobs, old, adv, mask = _hand_case()
-    with pytest.raises(ValueError, match="'seq-mean', or 'drgrpo' with num_tokens"):
-        gh.compute_policy_loss(logprobs, old, adv, mask, 0.2, loss_agg=loss_agg, num_tokens=num_tokens)
 
 
 def test_a_bf16_models_log_probs_reach_the_loss_in_fp32(model_dir):
@@ -639,8 +639,11 @@ def test_rows_with_zero_advantage_are_left_out_without_changing_the_update(model
     # reference: the whole batch in one piece, straight from the TODO functions
     lp = gh.compute_logprobs_from_model(model, rollout.output_ids, rollout.attention_mask,
                                         temperature=cfg.temperature, prompt_length=rollout.prompt_length)
-    loss = gh.compute_policy_loss(lp, lp.detach(), rollout.advantages, rollout.loss_mask, loss_agg=loss_agg,
-                                  num_tokens=cfg.max_new_tokens)
+    if loss_agg == "seq-mean":
+        loss = gh.compute_policy_loss(lp, lp.detach(), rollout.advantages, rollout.loss_mask)
+    else:             # Dr. GRPO's as its paper writes it: every token's -ratio x A, summed over rows x the token limit
+        per_token = -(lp - lp.detach()).exp() * rollout.advantages[:, None]
+        loss = gh.masked_mean_drgrpo(per_token, rollout.loss_mask, cfg.max_new_tokens)
     model.zero_grad(set_to_none=True)
     loss.backward()
     expected = [(s - p.grad).clone() for p, s in zip(model.parameters(), start)]

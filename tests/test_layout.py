@@ -157,9 +157,8 @@ def test_each_todo_docstring_states_the_formula_of_its_default_and_its_source():
     assert "(r - mean of its group) / (std of its group + advantage_eps)" in advantages
     assert "GRPO paper" in advantages and "normalize_by_std=False: A = r - mean of its group (Dr. GRPO)" in advantages
     loss = inspect.getdoc(gh.compute_policy_loss)
-    assert "-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)" in loss and "(default, the GRPO paper's)" in loss
-    assert "template" not in loss
-    assert "drgrpo" in loss and "handout" not in advantages + loss
+    assert "-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)" in loss and "(the GRPO paper's reduction)" in loss
+    assert "template" not in loss and "handout" not in advantages + loss
     logprobs = inspect.getdoc(gh.compute_logprobs_from_model)
     assert "log p(input_ids[b, t] | input_ids[b, :t])" in logprobs and "softmax(logits / T)" in logprobs
 
@@ -282,13 +281,17 @@ def spread_reward(completions, ground_truth_answers):       # the template's two
 def test_a_three_key_sampler_and_a_two_argument_reward_drive_train_grpo(model_and_tokenizer, gsm8k_dir,
                                                                         monkeypatch):
     """template-api.md: a sampler returns output_ids, completions and prompt_length; compute_reward takes
-    (completions, ground_truth_answers). On a74d809: KeyError 'completion_mask', then an unexpected keyword
-    'format_reward'."""
+    (completions, ground_truth_answers); compute_policy_loss the five parameters it lists. On a74d809: KeyError
+    'completion_mask', then an unexpected keyword 'format_reward'; on 4849de1, an unexpected keyword 'loss_agg'."""
     model, tok = model_and_tokenizer
-    real = gh.generate_completions
+    real, real_loss = gh.generate_completions, gh.compute_policy_loss
     monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
         key: value for key, value in real(*a, **k).items() if key in ("output_ids", "completions", "prompt_length")})
     monkeypatch.setattr(gh, "compute_reward", spread_reward)
+
+    def template_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2):     # no keyword more
+        return real_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps)
+    monkeypatch.setattr(gh, "compute_policy_loss", template_loss)
     before = [p.detach().clone() for p in model.parameters()]
     history = template_call(model, tok, gsm8k_dir, torch.optim.AdamW(model.parameters(), lr=1e-3))
     assert len(history) == 2 and all(h["grad_norm"] > 0 for h in history)
