@@ -59,7 +59,6 @@ class Config:
     mask_truncated: bool = _flag(False, "leave completions cut at --max-new-tokens out of the loss")
     max_grad_norm: float = _flag(1.0, "gradient clipping norm")
     # how much runs at once: memory, not arithmetic
-    micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate exactly)")
     eval_batch_size: int = _flag(32, "prompts per generate call in evaluation")
 
     @property
@@ -334,15 +333,6 @@ class Rollout:
         return cls(ids, attention.long(), loss_mask, start, sample["completions"], rewards, advantages, truncated.cpu(),
                    sample.get("completion_lengths", loss_mask.sum(1)).cpu())
 
-    def rows(self, rows: torch.Tensor, columns: int | None = None) -> "Rollout":
-        """These rows only (a tensor of indices), and with `columns` only the first that many columns."""
-        def select(value):
-            if torch.is_tensor(value):
-                value = value[rows.to(value.device)]
-                return value[:, :columns] if value.dim() == 2 else value
-            return [value[i] for i in rows.tolist()] if isinstance(value, list) else value    # prompt_length stays
-        return Rollout(**{name: select(value) for name, value in vars(self).items()})
-
 
 # ----- TODO 4: per-token log-probs of the sampled tokens -----
 def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature=1.0, prompt_length=None):
@@ -357,23 +347,6 @@ def compute_logprobs_from_model(model, input_ids, attention_mask, *, temperature
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature      # bf16 -> fp32; fp64 stays
     logprobs = logits.log_softmax(-1).gather(-1, input_ids[:, start:, None]).squeeze(-1)     # [batch, seq - start]
     return F.pad(logprobs, (start, 0))                                                       # [batch, seq]
-
-
-def micro_batch_rows(rollout: Rollout, cfg: Config):
-    """(rows, columns, share) of each micro-batch: micro_batch_size rows cut after their last completion column, at
-    their share of the batch's rows, so the gradients add up to the whole batch's. Rows whose gradient is exactly 0
-    (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
-    has_gradient = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
-        ((rollout.advantages != 0) | (rollout.ref_logprobs is not None))        # [rows]
-    index = has_gradient.nonzero().squeeze(1)
-    for start in range(0, len(index), cfg.micro_batch_size):
-        rows = index[start:start + cfg.micro_batch_size]
-        used = rollout.loss_mask[rows.to(rollout.loss_mask.device)]             # [micro, seq]
-        yield rows, int(used.any(0).nonzero()[-1]) + 1, len(rows) / len(rollout.rewards)     # of all the batch's rows
-
-
-def micro_batches(rollout: Rollout, cfg: Config):       # as Rollouts of micro_batch_size rows, with their shares
-    return ((rollout.rows(rows, columns), share) for rows, columns, share in micro_batch_rows(rollout, cfg))
 
 
 def step_line(r: dict) -> str:
@@ -397,15 +370,20 @@ class Hooks:
                     raise TypeError(f"train_loader gave a {type(batch).__name__}, not a batch dict (collate_prompts)")
                 yield batch
 
-    def updates(self, rollout: Rollout):        # the rollouts to update on: this one, once; then the step's record
-        yield rollout
+    def updates(self, rollout: Rollout):        # the rollouts to update on: this one, once (a run: its PPO epochs)
+        return [rollout]
+
+    def micro_batches(self, rollout: Rollout):  # (rows, their share of the loss): all at once (a run: a few at a time)
+        return [(rollout, 1.0)]
+
+    def penalized(self, micro: Rollout, logprobs, loss):        # a micro-batch's loss (a run adds its KL penalty)
+        return loss
+
+    def record(self, rollout: Rollout):         # after an update: the step's record and printed line
         self.history.append({"step": len(self.history) + 1, "reward_mean": rollout.rewards.mean().item(),
                              "completion_len_mean": rollout.completion_lengths.float().mean().item(),
                              "truncated_frac": rollout.truncated.float().mean().item(), "grad_norm": rollout.grad_norm})
         print(step_line(self.history[-1]))
-
-    def penalized(self, micro: Rollout, logprobs, loss):        # a micro-batch's loss (a run adds its KL penalty)
-        return loss
 
 
 def loop_config(cfg: Config | None, hooks: Hooks | None, num_epochs, group_size, clip_eps, max_new_tokens) -> Config:
@@ -437,10 +415,10 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
         # 3. Advantages: each reward against its group's mean (and std)
         advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
                                              advantage_eps=cfg.advantage_eps)
-        # 4. The update: log-probs, clipped loss and backward pass micro-batch by micro-batch, then one clipped step
+        # 4. The update: log-probs, clipped loss and backward pass (in a run micro-batch by micro-batch), one step
         for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg.mask_truncated, tokenizer)):
             optimizer.zero_grad()
-            for micro, share in micro_batches(rollout, cfg):               # the shares' gradients add up to the batch's
+            for micro, share in hooks.micro_batches(rollout):        # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
                 loss = compute_policy_loss(   # old log-probs: these, detached (ratio 1), unless a run saved them
@@ -451,6 +429,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
                                                 cfg.max_grad_norm).item()      # every weight the optimizer steps
             if 0 < rollout.grad_norm < math.inf:       # a zero gradient would still move AdamW's weights; NaN: skipped
                 optimizer.step()
+            hooks.record(rollout)                      # the step's record and its printed line
     return hooks.history
 
 
@@ -533,6 +512,7 @@ class RunConfig(Config):
                           "(answers x max-new-tokens), as TODO 3 with each advantage x its length / max-new-tokens "
                           "(Dr. GRPO)", choices=["seq-mean", "drgrpo"])
     generation_batch_size: int = _flag(64, "sequences per generate call (halved automatically on CUDA OOM)")
+    micro_batch_size: int = _flag(4, "sequences per forward/backward in the update (gradients accumulate exactly)")
     lora_rank: int = _flag(0, "train peft LoRA adapters of this rank instead of every weight (0 = full)")
     lora_alpha: int = _flag(32, "LoRA scale: an adapter's update is multiplied by alpha / rank")
     lora_targets: str = _flag("all-linear", "layers with adapters: all-linear (the body's), or names: q_proj,v_proj")
@@ -560,15 +540,14 @@ def flag_name(field_name: str) -> str:
 
 
 def build_arg_parser(defaults: bool = True) -> argparse.ArgumentParser:
-    """The CLI, one flag per Config field; defaults=False leaves out every default (to see what was typed)."""
+    """The CLI, one flag per Config field; defaults=False leaves out every field's default (to see what was typed)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                     argument_default=None if defaults else argparse.SUPPRESS)
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     def refuse(message: str):      # one line and exit status 2, as any bad input gets (not 45 lines of usage first)
         raise UserError(f"{message} (--help lists every flag)")
     parser.error = refuse
     for f in dataclasses.fields(RunConfig):
-        kwargs = {**f.metadata, **({"default": f.default} if defaults else {})}
+        kwargs = {**f.metadata, "default": f.default if defaults else argparse.SUPPRESS}
         if f.name == "model_path":
             parser.add_argument("model_path", nargs="?", **kwargs)
         elif isinstance(f.default, bool):
@@ -674,8 +653,7 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     """RunConfig from the command line; with --demo or --resume, flags given explicitly override their base."""
     if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):      # N copies would race for one run folder
         raise UserError("this script trains in one process on one GPU: run it with python, not torchrun")
-    args = build_arg_parser().parse_args(argv)
-    typed = vars(build_arg_parser(defaults=False).parse_args(argv))
+    args, typed = build_arg_parser().parse_args(argv), vars(build_arg_parser(defaults=False).parse_args(argv))
     explicit = {k: v for k, v in typed.items() if k in RunConfig.__dataclass_fields__}
     for key in {"model_path", "dataset", "output_dir"} & set(explicit):   # a shell leaves ~ after '=' or in quotes
         explicit[key] = os.path.expanduser(explicit[key]) if key == "output_dir" else absolute_if_local(explicit[key])
@@ -874,8 +852,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
     if cfg.lr_decay and cfg.signal_groups and cfg.num_epochs * len(loader) < cfg.max_steps * (1 + cfg.max_draws):
         raise UserError(f"--lr-decay: a step draws 1 to {1 + cfg.max_draws} batches, so the data may end before "
                         f"--max-steps {cfg.max_steps}, the rate above 0: lower it or --max-draws, or add --num-epochs")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(
-        step, cfg.lr_warmup_steps, decay_end))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, cfg.lr_warmup_steps, decay_end))
     return open_record(Run(cfg, optimizer, ref_model, run_dir=run_dir, device=device, model=model, tokenizer=tokenizer,
                            loader=loader, eval_set=eval_set, scheduler=scheduler), checkpoint, resume)
 
@@ -938,9 +915,8 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
     except Exception as e:       # a damaged or foreign file surfaces as any of a dozen types; all mean the same
         raise UserError(f"cannot load model from {path}: {first_line(e)}") from None
     # tokenizer_config.json alone loads as a few special tokens: every completion would decode empty and score 0
-    if len(tokenizer) < model.get_input_embeddings().num_embeddings // 2:
-        raise UserError(f"MODEL_PATH {path}: its tokenizer has {len(tokenizer)} tokens for the model's "
-                        f"{model.get_input_embeddings().num_embeddings} (is tokenizer.json missing?)")
+    require(len(tokenizer) >= (vocab := model.get_input_embeddings().num_embeddings) // 2, f"MODEL_PATH {path}: its "
+            f"tokenizer has {len(tokenizer)} tokens for the model's {vocab} (is tokenizer.json missing?)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     with torch.no_grad():    # NaN or inf from the start: neither scoring nor training could mean anything
@@ -953,7 +929,6 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
 
 
 def build_optimizer(params, lr, seed=0, weight_decay=0.0):
-    """The optimizer main uses: AdamW that does not drop small updates on bf16 weights (AdamWStochasticRounding)."""
     return AdamWStochasticRounding(params, lr=lr, weight_decay=weight_decay, seed=seed)
 
 
@@ -967,8 +942,7 @@ def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """A step's batches as one rollout, prompts left-padded, completions right-padded: every row scores as before."""
-    prompt = max(r.prompt_length for r in parts)
-    width = max(r.output_ids.shape[1] - r.prompt_length for r in parts)
+    prompt, width = max(r.prompt_length for r in parts), max(r.output_ids.shape[1] - r.prompt_length for r in parts)
     pad = lambda r, t, value: F.pad(t, (prompt - r.prompt_length, width + r.prompt_length - t.shape[1]), value=value)
     return Rollout(*(torch.cat([pad(r, getattr(r, name), value) for r in parts]) for name, value in
                      (("output_ids", pad_id), ("attention_mask", 0), ("loss_mask", False))), prompt,
@@ -980,7 +954,7 @@ def groups_with_signal(rollout: Rollout, cfg: RunConfig) -> Rollout:
     """The update's --batch-size groups (or --min-signal-groups, if more), those whose rewards differ first."""
     first = torch.argsort(~spread(rollout.rewards, cfg.group_size), stable=True)    # with signal first, in order
     groups = first[:max(cfg.signal_groups, cfg.batch_size)].sort().values
-    return rollout.rows((groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1))
+    return rollout_rows(rollout, (groups[:, None] * cfg.group_size + torch.arange(cfg.group_size)).view(-1))
 
 
 # ----- The run folder: claimed before any work, written only by this run, resumable after any phase -----
@@ -1129,8 +1103,31 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return torch.special.entr(p, out=p).sum(-1)
 
 
+def rollout_rows(rollout: Rollout, rows: torch.Tensor, columns: int | None = None) -> Rollout:
+    """These rows only (a tensor of indices), and with `columns` only the first that many columns."""
+    def select(value):
+        if torch.is_tensor(value):
+            value = value[rows.to(value.device)]
+            return value[:, :columns] if value.dim() == 2 else value
+        return [value[i] for i in rows.tolist()] if isinstance(value, list) else value    # prompt_length stays
+    return Rollout(**{name: select(value) for name, value in vars(rollout).items()})
+
+
+def micro_batch_rows(rollout: Rollout, cfg: Config):
+    """(rows, columns, share) of each micro-batch: micro_batch_size rows cut after their last completion column, at
+    their share of the batch's rows, so the gradients add up to the whole batch's. Rows whose gradient is exactly 0
+    (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
+    has_gradient = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
+        ((rollout.advantages != 0) | (rollout.ref_logprobs is not None))        # [rows]
+    index = has_gradient.nonzero().squeeze(1)
+    for start in range(0, len(index), cfg.micro_batch_size):
+        rows = index[start:start + cfg.micro_batch_size]
+        used = rollout.loss_mask[rows.to(rollout.loss_mask.device)]             # [micro, seq]
+        yield rows, int(used.any(0).nonzero()[-1]) + 1, len(rows) / len(rollout.rewards)     # of all the batch's rows
+
+
 def rollout_logprobs(model, rollout: Rollout, cfg: Config, chunks, out: torch.Tensor | None = None) -> torch.Tensor:
-    """[rows, seq] log-probs without gradient of the micro-batches `chunks` (micro_batches'), into `out`; the rest 0."""
+    """[rows, seq] log-probs, no gradient, of the micro-batches `chunks` (micro_batch_rows'), into `out`; the rest 0."""
     out = torch.zeros(rollout.output_ids.shape, device=rollout.output_ids.device) if out is None else out
     was_training, _ = model.training, model.eval()        # no checkpointing of activations nothing backpropagates
     try:
@@ -1161,8 +1158,7 @@ class UpdateHooks(Hooks):
             raise ValueError("kl_coef > 0 needs the reference model: UpdateHooks(cfg, optimizer, ref_model=...)")
 
     def updates(self, rollout: Rollout):
-        """cfg.ppo_epochs updates on the rollout, its old (and reference) log-probs computed once before the first;
-        then the step's statistics, how far the policy moved (policy_kl) and its record, printed."""
+        """cfg.ppo_epochs updates on the rollout, its old (and reference) log-probs computed once before the first."""
         cfg, model = self.cfg, self.model
         model.train()         # dropout and gradient checkpointing, where a model has them; generation runs in eval
         if cfg.loss_agg == "drgrpo":     # Dr. GRPO's sum / (rows x max_new_tokens) is TODO 3's mean per completion
@@ -1181,25 +1177,35 @@ class UpdateHooks(Hooks):
         self.stats = dict(loss=0.0, clipfrac=0.0, approx_kl=0.0, kl_ref=0.0, grad_norm=0.0, policy_kl=0.0,
                           entropy=None, no_signal=not self.chunks, skipped=0)
         self.entropy_sum, self.entropy_tokens, self.logits = 0.0, 0.0, None
-        capture = model.register_forward_hook(lambda module, args, output: setattr(self, "logits", output.logits))
+        self.capture = model.register_forward_hook(lambda module, args, output: setattr(self, "logits", output.logits))
         try:
             for self.epoch in range(cfg.ppo_epochs):
                 self.index, self.loss = 0, 0.0
                 yield rollout
-                self.optimizer.zero_grad(set_to_none=True)        # the gradients' memory, back for generation
-                self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
-                self.stats["skipped"] += not 0 < rollout.grad_norm < math.inf     # train_grpo steps on no other
-                if not (math.isfinite(self.loss) and math.isfinite(rollout.grad_norm)):
-                    warn(f"skipped an update with loss {self.loss} and grad norm {rollout.grad_norm}")
-                self.stats["loss"] += self.loss / cfg.ppo_epochs
-                self.stats["grad_norm"] += rollout.grad_norm / cfg.ppo_epochs
         finally:
-            capture.remove()
+            self.capture.remove()
+
+    def micro_batches(self, rollout: Rollout):      # self.chunks' rows, micro_batch_size at a time, at their shares
+        return ((rollout_rows(rollout, rows, columns), share) for rows, columns, share in self.chunks)
+
+    def record(self, rollout: Rollout):
+        """After each update its statistics; after the last, how far the policy moved and the step's record, printed."""
+        cfg, model = self.cfg, self.model
+        self.optimizer.zero_grad(set_to_none=True)        # the gradients' memory, back for generation
+        self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
+        self.stats["skipped"] += not 0 < rollout.grad_norm < math.inf     # train_grpo steps on no other
+        if not (math.isfinite(self.loss) and math.isfinite(rollout.grad_norm)):
+            warn(f"skipped an update with loss {self.loss} and grad norm {rollout.grad_norm}")
+        self.stats["loss"] += self.loss / cfg.ppo_epochs
+        self.stats["grad_norm"] += rollout.grad_norm / cfg.ppo_epochs
+        if self.epoch < cfg.ppo_epochs - 1:
+            return
+        self.capture.remove()     # before the measuring pass below
         if self.chunks:           # KL(before || after) on the first micro-batch's tokens
             rows, columns, _ = self.chunks[0]
             after = rollout_logprobs(model, rollout, cfg, self.chunks[:1])[rows.to(rollout.output_ids.device), :columns]
             moved = kl_k3(self.logprobs_before, after)
-            self.stats["policy_kl"] = masked_token_mean(moved, rollout.rows(rows, columns).loss_mask).item()
+            self.stats["policy_kl"] = masked_token_mean(moved, rollout_rows(rollout, rows, columns).loss_mask).item()
             tokens = float(self.entropy_tokens)            # none: every completion masked out of the loss
             self.stats["entropy"] = float(self.entropy_sum) / tokens if tokens else None
         self.history.append(self.end_step(rollout, self.stats))
@@ -1255,8 +1261,7 @@ class Run(UpdateHooks):
     phase: str = "generation"         # what an out-of-memory error hit: generation or update
 
     def batches(self, loader, num_epochs: int):
-        """From where the run stands (its epoch, less the batches used) to its last step, each epoch in the order its
-        sampler gives for (seed, epoch), as on a resume; a stop asked for is taken before a step's first batch."""
+        """From where the run stands to its last step, each epoch in the order its sampler gives for (seed, epoch)."""
         for epoch in range(self.start["epoch"], num_epochs):
             loader.sampler.set_epoch(epoch)
             skip = self.start["batch_in_epoch"] if epoch == self.start["epoch"] else 0
@@ -1339,8 +1344,7 @@ class Run(UpdateHooks):
         return record
 
     def train(self) -> None:
-        """train_grpo with this run as its hooks, metrics.jsonl open; the first Ctrl-C asks for a stop after the step
-        in flight, which is checkpointed; a failure mid-step checkpoints the last step unless an update had begun."""
+        """train_grpo with this run as its hooks and metrics.jsonl open; Ctrl-C stops it after the step in flight."""
         cfg = self.cfg
         print("Starting GRPO training...")
         if torch.cuda.is_available():
@@ -2017,12 +2021,11 @@ class AdamWStochasticRounding(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """The saved fp32 moments as they were: torch casts them to the bf16 weights' dtype (the next step fails)."""
         super().load_state_dict(state_dict)
-        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
-        params = [p for group in self.param_groups for p in group["params"]]
-        for i, p in zip(ids, params):
-            for key, value in state_dict["state"].get(i, {}).items():
-                if torch.is_tensor(value) and value.is_floating_point() and key != "step":
-                    self.state[p][key] = value.to(device=p.device, copy=True)
+        for saved, group in zip(state_dict["param_groups"], self.param_groups):
+            for i, p in zip(saved["params"], group["params"]):
+                for key, value in state_dict["state"].get(i, {}).items():
+                    if torch.is_tensor(value) and value.is_floating_point() and key != "step":
+                        self.state[p][key] = value.to(device=p.device, copy=True)
 
     def rounding_state(self) -> dict:
         return {device: g.get_state() for device, g in self.generators.items()}
@@ -2186,7 +2189,6 @@ def checked_problems(rows, where: str) -> tuple[list[str], list, list[int]]:
         raise UserError(f"{where} has no {' and no '.join(map(repr, missing))} column (GSM8K's are 'question' and "
                         f"'answer'; it has {sorted(columns)})")
     def few(bad: list[int], refused: str, dropped: str, show: Callable[[int], str] = lambda i: "", hint="") -> set:
-        """A few broken rows are dropped with a warning; more than 1% means wrong data, refused in one line."""
         if len(bad) > 0.01 * len(rows):
             raise UserError(f"{where}: {len(bad)} of {len(rows)} {refused} (first at row {bad[0]}{show(bad[0])}){hint}")
         if bad:

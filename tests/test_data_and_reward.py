@@ -117,7 +117,7 @@ def sampled_and_updated(monkeypatch, completions: list[str]) -> list:
         "completion_mask": torch.tensor([[0, 1, 1]] * 2), "prompt_length": 1, "truncated": torch.zeros(2, dtype=bool),
         "completions": completions, "completion_lengths": torch.tensor([2, 2])})
     seen = []
-    monkeypatch.setattr(gh, "micro_batches", lambda rollout, cfg: seen.append(rollout) or iter(()))
+    monkeypatch.setattr(gh.Hooks, "micro_batches", lambda self, rollout: seen.append(rollout) or [])
     return seen
 
 
