@@ -214,17 +214,6 @@ def masked_mean(tensor, mask):
     return (torch.where(mask, tensor, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)).mean()     # rows [batch], then mean
 
 
-def masked_mean_drgrpo(tensor, mask, num_tokens):
-    """Sum over masked entries / (num_tokens * rows): every token weighs the same, whatever its row's length."""
-    return torch.where(mask.bool(), tensor, 0.0).sum() / (num_tokens * tensor.shape[0])
-
-
-def kl_k3(logprobs, ref_logprobs):
-    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0."""
-    logratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)               # exp(20) ~ 5e8 keeps fp32 finite
-    return torch.exp(logratio) - logratio - 1.0
-
-
 # ----- TODO 3: the clipped policy-gradient loss -----
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2):
     """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with ratio =
@@ -324,10 +313,10 @@ class Rollout:
         EOS or pad token (the tokenizer's) and a prompt starts at its first token that is not padding."""
         ids, start, pad = sample["output_ids"], sample["prompt_length"], getattr(tokenizer, "pad_token_id", None)
         ends = [t for t in (getattr(tokenizer, "eos_token_id", None), pad) if isinstance(t, int)]
-        ended = torch.isin(ids, torch.tensor(ends, dtype=ids.dtype, device=ids.device))    # [rows, seq]
-        ended[:, :start] = False                                                            # the prompt's own
+        ended = torch.isin(ids, torch.tensor(ends, dtype=ids.dtype, device=ids.device))    # [rows, seq]: EOS or pad
+        ended[:, :start] = False                                         # the prompt's padding ends no completion
         completion = (torch.arange(ids.shape[1], device=ids.device) >= start) & (ended.cumsum(1) - ended.int() == 0)
-        truncated = sample.get("truncated", ~ended.any(1))                                  # [rows]
+        truncated = sample.get("truncated", ~ended.any(1))                  # [rows]: no end within the token limit
         loss_mask = sample.get("completion_mask", completion).bool() & ~(truncated[:, None] & mask_truncated)
         attention = sample.get("attention_mask", (ids != pad).cumsum(1) > 0 if isinstance(pad, int) else ids >= 0)
         return cls(ids, attention.long(), loss_mask, start, sample["completions"], rewards, advantages, truncated.cpu(),
@@ -386,7 +375,7 @@ class Hooks:
         print(step_line(self.history[-1]))
 
 
-def loop_config(cfg: Config | None, hooks: Hooks | None, num_epochs, group_size, clip_eps, max_new_tokens) -> Config:
+def checked_config(cfg: Config | None, hooks: Hooks | None, num_epochs, group_size, clip_eps, max_new_tokens) -> Config:
     """Config's defaults with the template's arguments, or `cfg` if they agree; a run's config only with its hooks."""
     given = {"num_epochs": num_epochs, "group_size": group_size, "clip_eps": clip_eps, "max_new_tokens": max_new_tokens}
     if clash := [f"{name}={value} (cfg.{name} = {getattr(cfg, name)})" for name, value in given.items()
@@ -404,7 +393,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
     group's (the advantages), (4) one optimizer step on TODO 3's loss (fresh samples: ratio 1, so the clip never binds);
     returns the step records. cfg: settings, by default Config's with the arguments above; hooks: what a run adds."""
-    cfg, hooks = loop_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
+    cfg, hooks = checked_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
     for batch in hooks.batches(train_loader, cfg.num_epochs):        # a run: from where it stopped, to its last step
         # 1. Sample group_size completions of each prompt from the current policy
         sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(
@@ -1095,6 +1084,17 @@ def clip_stats(logprobs, old_logprobs, loss_mask, clip_eps=0.2) -> dict:
 
 def masked_token_mean(tensor, mask):
     return torch.where(mask.bool(), tensor, 0.0).sum() / mask.bool().sum().clamp(min=1)
+
+
+def masked_mean_drgrpo(tensor, mask, num_tokens):
+    """Sum over masked entries / (num_tokens * rows): every token weighs the same, whatever its row's length."""
+    return torch.where(mask.bool(), tensor, 0.0).sum() / (num_tokens * tensor.shape[0])
+
+
+def kl_k3(logprobs, ref_logprobs):
+    """Per-token k3 estimate of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1, >= 0."""
+    logratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)               # exp(20) ~ 5e8 keeps fp32 finite
+    return torch.exp(logratio) - logratio - 1.0
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
