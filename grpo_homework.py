@@ -308,16 +308,16 @@ class Rollout:
     grad_norm: float = math.nan                # of the last update on it, before clipping
 
     @classmethod
-    def of(cls, sample: dict, rewards, advantages, mask_truncated: bool = False, tokenizer=None) -> "Rollout":
-        """A sample with its rewards and advantages; from a sampler's three keys alone, a completion ends at its first
-        EOS or pad token (the tokenizer's) and a prompt starts at its first token that is not padding."""
+    def of(cls, sample: dict, rewards, advantages, cfg: Config, tokenizer=None) -> "Rollout":
+        """A sample with its rewards and advantages. From a sampler's three keys alone, a completion ends at its first
+        EOS or pad token (cut off: none within cfg.max_new_tokens), and a prompt starts at its first non-pad token."""
         ids, start, pad = sample["output_ids"], sample["prompt_length"], getattr(tokenizer, "pad_token_id", None)
         ends = [t for t in (getattr(tokenizer, "eos_token_id", None), pad) if isinstance(t, int)]
         ended = torch.isin(ids, torch.tensor(ends, dtype=ids.dtype, device=ids.device))    # [rows, seq]: EOS or pad
         ended[:, :start] = False                                         # the prompt's padding ends no completion
         completion = (torch.arange(ids.shape[1], device=ids.device) >= start) & (ended.cumsum(1) - ended.int() == 0)
-        truncated = sample.get("truncated", ~ended.any(1))                  # [rows]: no end within the token limit
-        loss_mask = sample.get("completion_mask", completion).bool() & ~(truncated[:, None] & mask_truncated)
+        truncated = sample.get("truncated", ~ended.any(1) & (ids.shape[1] - start >= cfg.max_new_tokens))    # [rows]
+        loss_mask = sample.get("completion_mask", completion).bool() & ~(truncated[:, None] & cfg.mask_truncated)
         attention = sample.get("attention_mask", (ids != pad).cumsum(1) > 0 if isinstance(pad, int) else ids >= 0)
         return cls(ids, attention.long(), loss_mask, start, sample["completions"], rewards, advantages, truncated.cpu(),
                    sample.get("completion_lengths", loss_mask.sum(1)).cpu())
@@ -405,7 +405,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
         advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
                                              advantage_eps=cfg.advantage_eps)
         # 4. The update: log-probs, clipped loss and backward pass (in a run micro-batch by micro-batch), one step
-        for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg.mask_truncated, tokenizer)):
+        for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg, tokenizer)):
             optimizer.zero_grad()
             for micro, share in hooks.micro_batches(rollout):        # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,

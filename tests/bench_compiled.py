@@ -94,7 +94,7 @@ def main(argv=None):
         ids, mask = prompts(args.rows, args.prompt_tokens + 6, args.group_size, device)
         took, out = generate(model, tokenizer, ids, mask, cfg.max_new_tokens, args.group_size, args.rows, 0.7)
         rewards = torch.arange(len(out["completions"])).remainder(2).float()       # every group with spread
-        rollout = gh.Rollout.of(out, rewards, gh.compute_advantages_grpo(rewards, args.group_size))
+        rollout = gh.Rollout.of(out, rewards, gh.compute_advantages_grpo(rewards, args.group_size), cfg)
         sync(device)
         t0 = time.perf_counter()
         update_once(model, optimizer, rollout, cfg)

@@ -64,7 +64,7 @@ def sampled_rollout(model, tokenizer, batch, cfg, device) -> gh.Rollout:
                                 strict_answer=cfg.strict_answer)
     advantages = gh.compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
                                             advantage_eps=cfg.advantage_eps)
-    return gh.Rollout.of(sample, rewards, advantages, cfg.mask_truncated)
+    return gh.Rollout.of(sample, rewards, advantages, cfg)
 
 
 @contextlib.contextmanager

@@ -608,7 +608,7 @@ def _rollout_of(model, tok, cfg, questions, seed=0):
                                      cfg.temperature, cfg.group_size, batch_size=cfg.generation_batch_size)
     rewards = gh.compute_reward(sample["completions"], [1.0] * len(sample["completions"]))
     advantages = torch.randn(rewards.shape)                           # a random model earns no reward
-    return gh.Rollout.of(sample, rewards, advantages, cfg.mask_truncated)
+    return gh.Rollout.of(sample, rewards, advantages, cfg)
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean", "drgrpo"])

@@ -310,15 +310,18 @@ def test_from_a_three_key_sample_a_completion_ends_at_its_first_eos_and_a_prompt
     ids = torch.tensor([[pad, pad, a, a, a, eos, pad, pad],      # finished at its second token
                         [a, a, a, a, a, a, a, a],                 # cut off at the limit
                         [pad, a, a, a, pad, a, a, a]])            # a pad ends a completion too (pad is an EOS here)
-    rollout = gh.Rollout.of({"output_ids": ids, "completions": ["", "", ""], "prompt_length": 4}, torch.zeros(3),
-                            torch.zeros(3), tokenizer=tok)
+    sample, limit_4 = {"output_ids": ids, "completions": ["", "", ""], "prompt_length": 4}, gh.Config(max_new_tokens=4)
+    rollout = gh.Rollout.of(sample, torch.zeros(3), torch.zeros(3), limit_4, tokenizer=tok)
     assert rollout.attention_mask.tolist() == [[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8, [0, 1, 1, 1, 1, 1, 1, 1]]
     assert rollout.loss_mask.int().tolist() == [[0, 0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1],
                                                 [0, 0, 0, 0, 1, 0, 0, 0]]
     assert rollout.truncated.tolist() == [False, True, False] and rollout.completion_lengths.tolist() == [2, 4, 1]
-    masked = gh.Rollout.of({"output_ids": ids, "completions": ["", "", ""], "prompt_length": 4}, torch.zeros(3),
-                           torch.zeros(3), mask_truncated=True, tokenizer=tok)
+    masked = gh.Rollout.of(sample, torch.zeros(3), torch.zeros(3), gh.Config(max_new_tokens=4, mask_truncated=True),
+                           tokenizer=tok)
     assert masked.loss_mask[1].sum() == 0 and torch.equal(masked.loss_mask[[0, 2]], rollout.loss_mask[[0, 2]])
+    # Reader AR: a completion without an end token that stopped short of the limit was reported cut off at it
+    short = gh.Rollout.of(sample, torch.zeros(3), torch.zeros(3), gh.Config(max_new_tokens=5), tokenizer=tok)
+    assert short.truncated.tolist() == [False, False, False] and torch.equal(short.loss_mask, rollout.loss_mask)
 
 
 def test_a_three_key_sampler_and_a_batch_encoding_train_as_the_full_sample_does(model_and_tokenizer, gsm8k_dir,
