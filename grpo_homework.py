@@ -162,7 +162,7 @@ def parse_number(text: str) -> float | None:
 
 
 def extract_answer_from_completion(completion):
-    """The number after the last answer marker ('####', '\\boxed{', 'answer is'); None if there is none."""
+    """The number after the last answer marker ('####', '\\boxed{', 'answer is') that a number follows; else None."""
     numbers = _ANSWER_MARKER.findall(completion or "")
     return parse_number("".join(numbers[-1])) if numbers else None     # one of its two groups matched
 
