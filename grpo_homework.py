@@ -1113,7 +1113,7 @@ def rollout_rows(rollout: Rollout, rows: torch.Tensor, columns: int | None = Non
     return Rollout(**{name: select(value) for name, value in vars(rollout).items()})
 
 
-def micro_batch_rows(rollout: Rollout, cfg: Config):
+def micro_batch_rows(rollout: Rollout, cfg: RunConfig):
     """(rows, columns, share) of each micro-batch: micro_batch_size rows cut after their last completion column, at
     their share of the batch's rows, so the gradients add up to the whole batch's. Rows whose gradient is exactly 0
     (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
