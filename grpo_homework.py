@@ -66,6 +66,11 @@ class Config:
         return {"format_reward": self.format_reward, "strict_answer": self.strict_answer} if (
             self.format_reward or self.strict_answer) else {}
 
+    @property
+    def advantage_options(self) -> dict:    # none at the defaults: the template's compute_advantages_grpo(rewards, G)
+        return {"normalize_by_std": self.advantage == "grpo", "advantage_eps": self.advantage_eps} if (
+            self.advantage != "grpo" or self.advantage_eps != 1e-4) else {}
+
 
 # ===== Part 1: dataset =============================================================================================
 
@@ -402,8 +407,7 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
         rewards = compute_reward(sample["completions"], [answer for answer in batch["answer"]
                                                          for _ in range(cfg.group_size)], **cfg.reward_options)
         # 3. Advantages: each reward against its group's mean (and std)
-        advantages = compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
-                                             advantage_eps=cfg.advantage_eps)
+        advantages = compute_advantages_grpo(rewards, cfg.group_size, **cfg.advantage_options)
         # 4. The update: log-probs, clipped loss and backward pass (in a run micro-batch by micro-batch), one step
         for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg, tokenizer)):
             optimizer.zero_grad()
@@ -878,9 +882,8 @@ def failure_message(error: BaseException, phase: str, cfg: RunConfig, run_dir: P
 
 def lr_multiplier(step: int, warmup_steps: int, decay_end: int = 0) -> float:
     """The learning rate's factor at step `step` (from 0): a linear warm-up, then 1 or a line to 0 at `decay_end`."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    return max(0.0, (decay_end - step) / (decay_end - warmup_steps)) if decay_end else 1.0
+    return (step + 1) / warmup_steps if step < warmup_steps else (
+        max(0.0, (decay_end - step) / (decay_end - warmup_steps)) if decay_end else 1.0)
 
 
 def last_step(cfg: RunConfig, loader) -> int:
@@ -910,9 +913,8 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
         tokenizer.pad_token = tokenizer.eos_token
     with torch.no_grad():    # NaN or inf from the start: neither scoring nor training could mean anything
         probe = model(input_ids=torch.tensor([tokenizer("Question: 1 + 1 = ?")["input_ids"] or [0]], device=device))
-    if not torch.isfinite(probe.logits).all():
-        raise UserError(f"MODEL_PATH {path}: the model's logits hold NaN or inf on a short prompt before any training "
-                        f"(damaged weights, or an overflow in --dtype {dtype_name}): nothing was scored or trained")
+    require(torch.isfinite(probe.logits).all(), f"MODEL_PATH {path}: the model's logits hold NaN or inf on a short "
+            f"prompt before training (damaged weights, or an overflow in --dtype {dtype_name}): nothing was scored")
     contiguous_lm_head_input(model)      # the KL reference too, which never generates
     return model, tokenizer
 
@@ -925,8 +927,7 @@ def build_optimizer(params, lr, seed=0, weight_decay=0.0):
 
 def spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[groups] True where a group's rewards differ: the only groups with a gradient (without a KL penalty)."""
-    grouped = rewards.view(-1, group_size)
-    return ~(grouped == grouped[:, :1]).all(1)
+    return rewards.view(-1, group_size).diff(dim=1).ne(0).any(1)
 
 
 def merge_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -1768,8 +1769,7 @@ def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = 
         "entropy.png": ("Entropy of the policy on its samples (per completion token)", "nats",
                         [("mean over the completions the update ran", column("entropy"))], [])}
     for name, (title, ylabel, series, hlines) in figures.items():
-        fig = Figure(figsize=(7, 4))
-        ax = fig.subplots()
+        ax = Figure(figsize=(7, 4)).subplots()
         for label, values in series:    # dots keep a lone step visible: a short run, or one between two gaps
             ax.plot(steps, values, ".-" if name == "entropy.png" or len(steps) <= 30 else "-", label=label)
         if all(math.isnan(v) for _, values in series for v in values):
@@ -1780,8 +1780,8 @@ def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = 
         ax.set(title=title, xlabel="step", ylabel=ylabel)
         ax.grid(alpha=0.3)
         ax.legend()
-        fig.tight_layout()
-        replace_file(plots / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        ax.figure.tight_layout()
+        replace_file(plots / name, lambda tmp: ax.figure.savefig(tmp, dpi=110, format="png"))
     return [plots / name for name in figures]
 
 

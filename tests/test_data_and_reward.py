@@ -134,6 +134,24 @@ def test_training_rewards_with_the_runs_strict_answer_flag(model_and_tokenizer, 
         assert rollout.rewards.tolist() == rewards
 
 
+def test_training_advantages_follow_the_advantage_flags_and_pass_none_at_the_defaults(model_and_tokenizer,
+                                                                                       monkeypatch):
+    """Rewards [1, 0]: mean 0.5, std (Bessel) 0.7071; the template's two-parameter TODO 2 is called at the defaults."""
+    model, tokenizer = model_and_tokenizer
+    seen = sampled_and_updated(monkeypatch, ["#### 5", "#### 4"])
+    batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 1, dtype=torch.long),
+             "answer": [5.0]}
+    options, real = [], gh.compute_advantages_grpo
+    monkeypatch.setattr(gh, "compute_advantages_grpo", lambda *a, **k: options.append(k) or real(*a, **k))
+    for flags, advantage in (({}, 0.5 / (0.5 ** 0.5 + 1e-4)), ({"advantage": "drgrpo"}, 0.5),
+                             ({"advantage_eps": 0.5}, 0.5 / (0.5 ** 0.5 + 0.5))):
+        cfg = gh.Config(group_size=2, **flags)
+        gh.train_grpo(model, tokenizer, [batch], torch.optim.SGD(model.parameters(), lr=0.0), "cpu", group_size=2,
+                      max_new_tokens=cfg.max_new_tokens, cfg=cfg)
+        assert seen[-1].advantages.tolist() == pytest.approx([advantage, -advantage], rel=1e-6)
+    assert options[0] == {} and options[1]["normalize_by_std"] is False and options[2]["advantage_eps"] == 0.5
+
+
 def test_train_grpo_called_with_the_templates_arguments_takes_a_step_per_batch(model_and_tokenizer, monkeypatch):
     """The template's loop: each batch is a step, even with no reward spread anywhere (the run's default would
     draw the next batches into the same step)."""

@@ -285,10 +285,11 @@ def spread_reward(completions, ground_truth_answers):       # the template's two
 def test_a_three_key_sampler_and_a_two_argument_reward_drive_train_grpo(model_and_tokenizer, gsm8k_dir,
                                                                         monkeypatch):
     """template-api.md: a sampler returns output_ids, completions and prompt_length; compute_reward takes
-    (completions, ground_truth_answers); compute_policy_loss the five parameters it lists. On a74d809: KeyError
-    'completion_mask', then an unexpected keyword 'format_reward'; on 4849de1, an unexpected keyword 'loss_agg'."""
+    (completions, ground_truth_answers); compute_policy_loss the five parameters it lists, compute_advantages_grpo
+    (rewards, group_size). On a74d809: KeyError 'completion_mask', then an unexpected keyword 'format_reward'; on
+    4849de1, an unexpected keyword 'loss_agg'; on 08d940d, 'normalize_by_std'."""
     model, tok = model_and_tokenizer
-    real, real_loss = gh.generate_completions, gh.compute_policy_loss
+    real, real_loss, real_advantages = gh.generate_completions, gh.compute_policy_loss, gh.compute_advantages_grpo
     monkeypatch.setattr(gh, "generate_completions", lambda *a, **k: {
         key: value for key, value in real(*a, **k).items() if key in ("output_ids", "completions", "prompt_length")})
     monkeypatch.setattr(gh, "compute_reward", spread_reward)
@@ -296,6 +297,7 @@ def test_a_three_key_sampler_and_a_two_argument_reward_drive_train_grpo(model_an
     def template_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2):     # no keyword more
         return real_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps)
     monkeypatch.setattr(gh, "compute_policy_loss", template_loss)
+    monkeypatch.setattr(gh, "compute_advantages_grpo", lambda rewards, group_size=4: real_advantages(rewards, group_size))
     before = [p.detach().clone() for p in model.parameters()]
     history = template_call(model, tok, gsm8k_dir, torch.optim.AdamW(model.parameters(), lr=1e-3))
     assert len(history) == 2 and all(h["grad_norm"] > 0 for h in history)
