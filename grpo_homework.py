@@ -460,9 +460,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# WHAT SUPPORTS THE RUN. The homework ends above; below is what a real run needs around it, none of it the algorithm,
-# in the order a run meets it: command line, set-up, a step filled with signal, run folder and resume (Run: the
-# Hooks train_grpo is given), records, plots, devices, tasks, demo. Parts 1-4 use nothing below; Part 5 calls it.
+# WHAT SUPPORTS THE RUN. The homework ends above. Below: what a real run needs around it (command line, set-up, run
+# folder and resume, records, plots, devices, tasks, demo) and its options on top of the step (Dr. GRPO's reduction,
+# KL penalty, PPO epochs, a step filled with signal: Run, the Hooks train_grpo is given). Parts 1-4 use nothing below.
 # ---------------------------------------------------------------------------------------------------------------
 
 import argparse

@@ -121,11 +121,11 @@ def main(run):
 
 def plot_curves(runs, out):
     """Four curves per step for each 'folder[=label]' (the first solid, any other dashed, for a repeat beside it);
-    the greedy accuracies before and after are those of the run's own evaluation (its summary.json)."""
+    the horizontal lines: the first run's greedy accuracy before and after, from its own evaluation (summary.json)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = (("reward_mean", "mean reward of the samples (lines: the run's evaluation)"),
+    panels = (("reward_mean", "share of sampled answers right (the mean reward)"),
               ("completion_len_mean", "mean completion length, tokens"),
               ("truncated_frac", "share of samples cut at the token limit"),
               ("policy_kl", "policy moved: KL(before || after), nats a token"))
@@ -140,9 +140,9 @@ def plot_curves(runs, out):
             ax.plot(steps, [m[key] for m in metrics], style, markersize=3, label=name)
             ax.set(title=title, xlabel="step")
         for key, color, when in (("accuracy_before", "tab:red", "before"), ("accuracy_after", "tab:green", "after")):
-            if key in summary:
-                axes[0, 0].axhline(summary[key], color=color, linestyle="-" if n == 0 else ":",
-                                   label=f"{name}, greedy {when}: {summary[key]:.1%}")
+            if key in summary and n == 0:      # a repeat's evaluation may score other problems or precision
+                axes[0, 0].axhline(summary[key], color=color, label=f"{name}, greedy accuracy {when}: "
+                                   f"{summary[key]:.1%}")
         if any(m["policy_kl"] > 0 for m in metrics):   # a run without signal moved nothing: no log scale then
             axes[1, 1].set_yscale("log")
     for ax in axes.flat:
