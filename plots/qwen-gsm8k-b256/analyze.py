@@ -121,7 +121,7 @@ def main(run):
 
 def plot_curves(runs, out):
     """Four curves per step for each 'folder[=label]' (the first solid, any other dashed, for a repeat beside it);
-    the horizontal lines: the first run's greedy accuracy before and after, from its own evaluation (summary.json)."""
+    the greedy accuracies are in the report's tables, not here."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -133,23 +133,19 @@ def plot_curves(runs, out):
     for n, run in enumerate(runs):
         folder, _, name = str(run).partition("=")
         folder = Path(folder)
-        metrics, summary = rows(folder / "metrics.jsonl"), json.loads((folder / "summary.json").read_text())
+        metrics = rows(folder / "metrics.jsonl")
         name, style = name or folder.resolve().name, "o-" if n == 0 else "s--"
         steps = [m["step"] for m in metrics]
         for ax, (key, title) in zip(axes.flat, panels):
             ax.plot(steps, [m[key] for m in metrics], style, markersize=3, label=name)
             ax.set(title=title, xlabel="step")
-        for key, color, when in (("accuracy_before", "tab:red", "before"), ("accuracy_after", "tab:green", "after")):
-            if key in summary and n == 0:      # a repeat's evaluation may score other problems or precision
-                axes[0, 0].axhline(summary[key], color=color, label=f"{name}, greedy accuracy {when}: "
-                                   f"{summary[key]:.1%}")
         if any(m["policy_kl"] > 0 for m in metrics):   # a run without signal moved nothing: no log scale then
             axes[1, 1].set_yscale("log")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     # below the panels, where it covers no point
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(out, dpi=100)
 
 
