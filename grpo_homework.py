@@ -69,7 +69,7 @@ class Config:
     @property
     def advantage_options(self) -> dict:    # none at the defaults: the template's compute_advantages_grpo(rewards, G)
         return {"normalize_by_std": self.advantage == "grpo", "advantage_eps": self.advantage_eps} if (
-            self.advantage != "grpo" or self.advantage_eps != 1e-4) else {}
+            self.advantage != "grpo" or self.advantage_eps != Config.advantage_eps) else {}
 
 
 # ===== Part 1: dataset =============================================================================================
