@@ -396,8 +396,8 @@ def checked_config(cfg: Config | None, hooks: Hooks | None, num_epochs, group_si
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, hooks: Hooks | None = None):
     """For each batch: (1) sample group_size completions per prompt, (2) reward them, (3) compare each reward with its
-    group's (the advantages), (4) one optimizer step on TODO 3's loss (fresh samples: ratio 1, so the clip never binds);
-    returns the step records. cfg: settings, by default Config's with the arguments above; hooks: what a run adds."""
+    group's (the advantages), (4) one optimizer step on TODO 3's loss (fresh samples: ratio 1, the clip never binds;
+    no step on a zero or non-finite gradient). Returns the step records; cfg: Config with the arguments above."""
     cfg, hooks = checked_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
     for batch in hooks.batches(train_loader, cfg.num_epochs):        # a run: from where it stopped, to its last step
         # 1. Sample group_size completions of each prompt from the current policy
