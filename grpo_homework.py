@@ -914,7 +914,7 @@ def load_model_and_tokenizer(path: str, device: torch.device, dtype_name: str):
     with torch.no_grad():    # NaN or inf from the start: neither scoring nor training could mean anything
         probe = model(input_ids=torch.tensor([tokenizer("Question: 1 + 1 = ?")["input_ids"] or [0]], device=device))
     require(torch.isfinite(probe.logits).all(), f"MODEL_PATH {path}: the model's logits hold NaN or inf on a short "
-            f"prompt before any training (damaged weights, or an overflow in --dtype {dtype_name}): nothing ran")
+            f"prompt before any training (damaged weights, or an overflow in --dtype {dtype_name}): nothing was scored")
     contiguous_lm_head_input(model)      # the KL reference too, which never generates
     return model, tokenizer
 
