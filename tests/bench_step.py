@@ -60,10 +60,8 @@ def sampled_rollout(model, tokenizer, batch, cfg, device) -> gh.Rollout:
                                      cfg.group_size, batch_size=cfg.generation_batch_size,
                                      prefill=lambda *args: gh.prefill_once(*args))     # the run's, as patched
     golds = [gold for gold in batch["answer"] for _ in range(cfg.group_size)]
-    rewards = gh.compute_reward(sample["completions"], golds, format_reward=cfg.format_reward,
-                                strict_answer=cfg.strict_answer)
-    advantages = gh.compute_advantages_grpo(rewards, cfg.group_size, normalize_by_std=cfg.advantage == "grpo",
-                                            advantage_eps=cfg.advantage_eps)
+    rewards = gh.compute_reward(sample["completions"], golds, **cfg.reward_options)
+    advantages = gh.compute_advantages_grpo(rewards, cfg.group_size, **cfg.advantage_options)
     return gh.Rollout.of(sample, rewards, advantages, cfg)
 
 
