@@ -204,7 +204,7 @@ def compute_advantages_grpo(rewards, group_size=4, *, normalize_by_std=True, adv
     """Rewards laid out group after group -> advantages in the same layout. Default, the GRPO paper's (DeepSeekMath):
     A = (r - mean of its group) / (std of its group + advantage_eps), std with Bessel's correction (torch.std).
     normalize_by_std=False: A = r - mean of its group (Dr. GRPO). A group of equal rewards gets exactly 0."""
-    rewards = torch.as_tensor(rewards)
+    rewards = torch.as_tensor(rewards)        # ints, bools, bf16: computed in float32; float64 stays float64
     grouped = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).reshape(-1, group_size)  # [prompts, G]
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_by_std:
@@ -653,8 +653,7 @@ def parse_config(argv: list[str] | None) -> tuple[RunConfig, argparse.Namespace]
     if "" in (args.resume, args.report):            # '' is an unset shell variable, not "no --resume"
         raise UserError(f"--{'resume' if args.resume == '' else 'report'} needs a RUN_DIR (it is empty)")
     args.resume, args.report = (os.path.expanduser(p) if p else p for p in (args.resume, args.report))
-    modes = [name for name in ("demo", "resume", "report") if getattr(args, name)]
-    if len(modes) > 1:
+    if len(modes := [name for name in ("demo", "resume", "report") if getattr(args, name)]) > 1:
         raise UserError(f"--{modes[0]} and --{modes[1]} cannot be combined")
     if args.report and explicit:
         raise UserError(f"--report only redraws a run's plots: it takes no other flags (got {', '.join(explicit)})")
@@ -811,8 +810,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, resume: bool) -> "Run":
     model.config.use_cache = False  # the update's forward passes keep no KV cache; generate() asks for its own
     check_kv_cache_fits(cfg, model, device)
 
-    print("Loading dataset...")
-    # Validation: the first --val-size problems of the train split; training takes the ones after them.
+    print("Loading dataset...")   # validation: the first --val-size problems of the train split; training, those after
     problems = lambda split, start, end: without_long_prompts(TaskDataset(
         f"{split}[{start or ''}:{end or ''}]" if start or end else split, tokenizer, cfg.max_prompt_length,
         dataset_path=cfg.dataset, prompt_style=cfg.prompt_style, task=TASKS[cfg.task]))
@@ -1028,8 +1026,7 @@ class CompiledGeneration:
     the next power of two or of `sizes()` (copies of the last row: fewer than twice the rows), both cut off again. A
     failure to compile: one line, and the dynamic cache from then on. `everywhere`: compile on a CPU too."""
 
-    def __init__(self, model, sizes: Callable[[], tuple], width: int = 128, everywhere: bool = False,
-                 compile_config=None):
+    def __init__(self, model, sizes: Callable[[], tuple], width=128, everywhere=False, compile_config=None):
         from transformers import CompileConfig
         self.plain, self.sizes, self.width, self.failed = model.generate, sizes, width, False
         self.compile_config = compile_config or CompileConfig()
@@ -1675,7 +1672,6 @@ def rng_state(optimizer) -> dict:
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, record: dict, rng: dict | None = None):
     """Weights, optimizer, schedule, data position and random streams (`rng`): all a bit-identical resume needs."""
     from safetensors.torch import save_file
-
     def write(tmp: Path) -> None:
         save_model(tmp, model, tokenizer)
         state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),   # rng: a list, by process
@@ -1683,7 +1679,6 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, scheduler, recor
         tensors = {}
         (tmp / TRAINER_STATE[0]).write_text(json.dumps(to_plain(state, tensors)))
         save_file(tensors, tmp / TRAINER_STATE[1])
-
     replace_file(own_path(run_dir / "checkpoints", folder=True) / f"step-{record['step']}", write, folder=True)
 
 
@@ -1748,8 +1743,7 @@ def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = 
     if summary is None:
         summary = read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else {}
     (plots := own_path((into or run_dir) / "plots", folder=True)).mkdir(exist_ok=True)
-    steps = [m["step"] for m in metrics]
-    saved = recorded_config(run_dir)
+    steps, saved = [m["step"] for m in metrics], recorded_config(run_dir)
     bonus, split = saved.get("format_reward") or 0, saved.get("eval_split", "test")
     column = lambda key: [math.nan if m[key] is None else m[key] for m in metrics]   # None: a gap (entropy)
     rewards, window = column("reward_mean"), max(1, len(metrics) // 20)     # a moving mean from 40 steps on
@@ -1785,14 +1779,15 @@ def write_plots(run_dir: Path, summary: dict | None = None, into: Path | None = 
     return [plots / name for name in figures]
 
 
-def literal(text: str) -> str:
-    """Markdown showing `text` as written: ASCII punctuation escaped, line breaks as <br> (a table cell is a line)."""
-    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", text).replace("\n", "<br>")
+def fenced(text: str) -> list[str]:
+    """`text` as written, in a code block: its fence is longer than any run of backticks inside."""
+    fence = "`" * max(3, 1 + max(map(len, re.findall("`+", text)), default=0))
+    return [fence + "text", text, fence]
 
 
 def show_number(value):
-    """18.0 as 18: golds and answers are read as floats."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    """18.0 as 18: golds and answers are read as floats; no answer read: none."""
+    return "none" if value is None else int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def same_problems(before: list[dict], after: list[dict]) -> None:
@@ -1854,7 +1849,7 @@ def write_report_draft(run_dir: Path, into: Path | None = None) -> Path:
 
 
 def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dict], after: list[dict]) -> list[str]:
-    """Sections 1-4: the method as `c` ran it, the hyperparameters, every Nth step, the first 10 flips each way."""
+    """Sections 1-4: the method as `c` ran it, the hyperparameters, every Nth step, the answers (3 flips each way)."""
     signal_groups = RunConfig(min_signal_groups=c["min_signal_groups"], batch_size=c["batch_size"]).signal_groups
     low, high = 1 - c["clip_eps"], 1 + c["clip_eps"]
     lines = ["", "## 1. Algorithm and implementation, as this run ran", "",
@@ -1893,8 +1888,6 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
     lines += ["", "## 2. Training hyperparameters", "", "| setting | value |", "|---|---|",
               *(f"| {name} | {value} |" for name, value in settings.items()), "", "## 3. Training log", ""]
     every, show = max(1, len(metrics) // 4), lambda value, form: "-" if value is None else format(value, form)
-    cell = lambda r: f"{literal((r['completion'] or '').strip())} (extracted {show_number(r['extracted'])}, " \
-        f"{'right' if r['correct'] else 'wrong'})"       # the whole answer, as the model wrote it
     lines += [*(f"![{name}](plots/{name})" for name in ("reward.png", "length.png", "clip_kl.png", "entropy.png")),
               "", ("Every step" if every == 1 else f"Step 1, each step divisible by {every}, and the last") + ": grad "
               "norm before clipping; policy moved: mean per-token KL divergence, policy before the step to after; "
@@ -1907,13 +1900,23 @@ def draft_sections(c: dict, summary: dict, metrics: list[dict], before: list[dic
     lines += ["", "## 4. Answers before and after", ""]
     if not (before and after):
         return lines + ["Not yet: this needs both evaluations (Results)."]
+    ended = lambda rows: [r for r in rows if not r["truncated"]]       # answers that stopped within the limit
+    columns = [(len(rows) - len(ended(rows)), f"{sum(r['tokens'] for r in rows) / len(rows):.0f}",
+                f"{sum(r['correct'] for r in ended(rows))} of {len(ended(rows))}") for rows in (before, after)]
+    lines += [f"The {len(before)} answers: one is cut off when it reaches the limit of {c['max_new_tokens']} new "
+              "tokens before its end.", "", "| answers | before | after |", "|---|---|---|"]
+    lines += [f"| {name} | {b} | {a} |" for name, b, a in zip(("cut off", "mean tokens", "right, of those that "
+                                                               "ended in time"), *columns)] + [""]
     for title, flip in (("Wrong before, right after", (False, True)), ("Right before, wrong after", (True, False))):
-        chosen = [(b, a) for b, a in zip(before, after) if (bool(b["correct"]), bool(a["correct"])) == flip]
-        shown = ", the first 10 in problem order shown" if len(chosen) > 10 else ""
-        lines += [f"### {title}: {len(chosen)}{shown}", ""]
-        for b, a in chosen[:10]:
-            lines += [f"**Question:** {literal(b['question'])}  ", f"**Gold:** {show_number(b['gold'])}", "",
-                      "| before | after |", "|---|---|", f"| {cell(b)} | {cell(a)} |", ""]
+        chosen = [(i, b, a) for i, (b, a) in enumerate(zip(before, after), 1) if (b["correct"], a["correct"]) == flip]
+        lines += [f"### {title}: {len(chosen)}" + (", the first 3 in problem order" if len(chosen) > 3 else ""), ""]
+        for line, b, a in chosen[:3]:        # each answer whole, as the model wrote it
+            lines += [f"#### Line {line} of eval_before.jsonl and eval_after.jsonl: gold {show_number(b['gold'])}",
+                      "", *fenced(b["question"]), ""]
+            for when, r in (("Before", b), ("After", a)):
+                lines += [f"{when}: {r['tokens']} tokens, {'cut off' if r['truncated'] else 'ended'}; answer read: "
+                          f"{show_number(r['extracted'])}, {'right' if r['correct'] else 'wrong'}.", "",
+                          *fenced(r["completion"] or ""), ""]
     return lines
 
 
@@ -1964,9 +1967,8 @@ def check_kv_cache_fits(cfg: RunConfig, model, device: torch.device) -> None:
     per_token = 2 * layers * kv_heads * head_dim * next(model.parameters()).element_size()    # keys and values
     compiled = model.generate if isinstance(model.generate, CompiledGeneration) else None     # pads what it runs
     columns = cfg.max_prompt_length + (-cfg.max_prompt_length % compiled.width if compiled else 0) + cfg.max_new_tokens
-    batches = [("--eval-batch-size", cfg.eval_batch_size)] + ([] if cfg.eval_only else [
-        ("--generation-batch-size", min(cfg.generation_batch_size, cfg.batch_size * cfg.group_size))])
-    for flag, rows in batches:
+    for flag, rows in [("--eval-batch-size", cfg.eval_batch_size)] + ([] if cfg.eval_only else [
+            ("--generation-batch-size", min(cfg.generation_batch_size, cfg.batch_size * cfg.group_size))]):
         need = (rows := compiled.rows_run(rows) if compiled else rows) * columns * per_token
         require(need <= available, f"{flag} {rows} x {columns} tokens would need a {need / 2**30:,.0f} GiB KV cache, "
                 f"more than the {available / 2**30:,.1f} GiB of memory available: lower it (--group-size divides "
@@ -2194,7 +2196,6 @@ def checked_problems(rows, where: str) -> tuple[list[str], list, list[int]]:
         if bad:
             warn(f"{where}: dropped {len(bad)} of {len(rows)} problems whose {dropped}")
         return set(bad)
-
     questions, golds = [row["question"] for row in rows], [GSM8KDataset.extract_answer(row["answer"]) for row in rows]
     skip = few([i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()],
                "questions are not text", "question is empty or not text")
@@ -2385,9 +2386,8 @@ def run_demo(cfg: RunConfig, demo: DemoConfig = DemoConfig()) -> dict:
             raise UserError(f"interrupted while building the demo, {time.perf_counter() - t0:.0f} s in: run the same "
                             "command again to start it over" if isinstance(e, KeyboardInterrupt) else
                             f"failed while building the demo ({first_line(e)}); nothing was kept") from None
-        summary = run_phases(dataclasses.replace(cfg, model_path=absolute_if_local(str(run_dir / "demo_model")),
-                                                 dataset=absolute_if_local(str(run_dir / "demo_data"))),
-                             run_dir, resume=False)
+        model_path, dataset = (absolute_if_local(str(run_dir / name)) for name in ("demo_model", "demo_data"))
+        summary = run_phases(dataclasses.replace(cfg, model_path=model_path, dataset=dataset), run_dir, resume=False)
         summary.update(demo_warmup_steps=steps, demo_total_seconds=time.perf_counter() - t0)
         write_json(run_dir / "summary.json", summary)
     print(f"demo: accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "

@@ -89,12 +89,20 @@ def check_against_records(run_dir: Path, text: str) -> None:
             half_unit = 0.5 * 10 ** -digits + 1e-12          # the shown value rounds the record's
             assert cell == "-" if m[key] is None else abs(float(cell) - m[key]) <= half_unit, (key, cell)
 
+    [cut_off, mean_tokens, right_of_ended] = rows(text, "| answers | before | after |")
+    for column, evaluation in enumerate((before, after), 1):
+        ended = [r for r in evaluation if not r["truncated"]]
+        assert int(cut_off[column]) == n - len(ended)
+        assert abs(float(mean_tokens[column]) - statistics.fmean(r["tokens"] for r in evaluation)) <= 0.5
+        assert right_of_ended[column] == f"{sum(1 for r in ended if r['correct'])} of {len(ended)}"
     for title, count in (("Wrong before, right after", gained), ("Right before, wrong after", lost)):
         heading = next(line for line in text.splitlines() if line.startswith(f"### {title}: "))
-        assert heading == f"### {title}: {count}" + (", the first 10 in problem order shown" if count > 10 else "")
-    shown_gold = [line for line in text.splitlines() if line.startswith("**Gold:** ")]
-    flipped = [b for b, a in zip(before, after) if b["correct"] != a["correct"]]
-    assert len(shown_gold) == min(gained, 10) + min(lost, 10) <= len(flipped)
+        assert heading == f"### {title}: {count}" + (", the first 3 in problem order" if count > 3 else "")
+    flipped = [i for i, (b, a) in enumerate(zip(before, after), 1) if b["correct"] != a["correct"]]
+    first = [i for i in flipped if after[i - 1]["correct"]][:3] + [i for i in flipped if before[i - 1]["correct"]][:3]
+    assert [int(line.split()[2]) for line in text.splitlines() if line.startswith("#### Line ")] == first
+    for i in first:        # each answer whole, as it was written, on lines of its own
+        assert f"\n{before[i - 1]['completion']}\n```" in text and f"\n{after[i - 1]['completion']}\n```" in text
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +209,28 @@ def test_a_finished_run_whose_evaluations_were_removed_is_not_sent_to_resume(tmp
     assert "and the evaluation after training (eval_after.jsonl); the run finished, so they were removed from its " \
            "folder." in text and "--resume" not in text
     assert dict(rows(text, "| setting | value |"))["steps run"] == "3"      # --max-steps 0: no limit to quote
+
+
+def test_the_drafts_answers_section_by_hand():
+    """Three problems: the table's counts worked out by hand; only flips shown, each answer whole in a fence that a
+    run of backticks inside it does not close (the old table cells escaped every mark and joined lines by <br>)."""
+    def answer(correct, tokens, truncated, completion):
+        return {"question": "What is 1 + 2?", "gold": 3.0, "completion": completion, "tokens": tokens,
+                "truncated": truncated, "extracted": 3.0 if correct else None, "correct": correct}
+    before = [answer(False, 10, True, "1 + 2 is ```"), answer(True, 4, False, "#### 3"), answer(False, 7, False, "4")]
+    after = [answer(True, 6, False, "so\n#### 3"), answer(True, 5, False, "#### 3"), answer(False, 10, True, "4 5")]
+    c = {**gh.dataclasses.asdict(gh.RunConfig()), "max_new_tokens": 10}
+    lines = "\n".join(gh.draft_sections(c, {}, [], before, after)).splitlines()
+    section = lines[lines.index("## 4. Answers before and after"):]
+    assert section[2:8] == ["The 3 answers: one is cut off when it reaches the limit of 10 new tokens before its end.",
+                            "", "| answers | before | after |", "|---|---|---|", "| cut off | 1 | 1 |",
+                            "| mean tokens | 7 | 7 |"]      # (10 + 4 + 7) / 3 and (6 + 5 + 10) / 3
+    assert section[8] == "| right, of those that ended in time | 1 of 2 | 2 of 2 |"
+    assert "### Wrong before, right after: 1" in section and "### Right before, wrong after: 0" in section
+    first = section.index("#### Line 1 of eval_before.jsonl and eval_after.jsonl: gold 3")
+    assert section[first + 2:first + 5] == ["```text", "What is 1 + 2?", "```"]
+    assert section[first + 6:first + 11] == ["Before: 10 tokens, cut off; answer read: none, wrong.", "",
+                                             "````text", "1 + 2 is ```", "````"]
+    assert section[first + 12:first + 17] == ["After: 6 tokens, ended; answer read: 3, right.", "", "```text",
+                                              "so", "#### 3"] and section[first + 17] == "```"
+    assert not any(line.startswith("#### Line 2") or line.startswith("#### Line 3") for line in section)
