@@ -149,6 +149,12 @@ def test_report_md_shows_the_drafts_tables_so_the_two_cannot_disagree(tmp_path):
     assert small.keys() == large.keys()
     for setting in small:
         assert f"| {setting} | {small[setting]} | {large[setting]} |" in report, setting
+    # the last column: what `python grpo_homework.py MODEL_PATH` runs, as a draft of it would say (on a bf16 GPU)
+    c = {**gh.dataclasses.asdict(gh.RunConfig()), "model_path": "Qwen2.5-1.5B-Instruct", "dtype": "bfloat16"}
+    defaults = dict(rows("\n".join(gh.draft_sections(c, {"steps": 0}, [], [], [])), "| setting | value |"))
+    shown = {row[0]: row[3] for row in rows(report, "| setting | Coder-0.5B | Coder-1.5B | the file's defaults |")}
+    assert shown.keys() == defaults.keys() and shown.pop("steps run") == "200 at most; none run"
+    assert all(shown[setting].startswith(defaults[setting]) for setting in shown), (shown, defaults)
 
 
 def test_a_stopped_run_writes_what_it_has_and_says_what_is_missing(model_dir, gsm8k_dir, tmp_path, monkeypatch,
