@@ -47,8 +47,8 @@ def measure(args) -> dict:
         model = gh.with_lora(model, cfg, None)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = gh.build_optimizer(trained, cfg.learning_rate)
-    problems = gh.GSM8KDataset(f"train[:{args.batch_size}]", tokenizer, prompt_style="chat", dataset_path="",
-                               task=gh.TASKS["arithmetic"])
+    problems = gh.TaskDataset(f"train[:{args.batch_size}]", tokenizer, 512, prompt_style="chat", dataset_path="",
+                              task=gh.TASKS["arithmetic"])
     batch = gh.collate_prompts([problems[i] for i in range(args.batch_size)], tokenizer)
     Path("/proc/self/clear_refs").write_text("5")
     base, out = rss_mb("VmRSS"), {}

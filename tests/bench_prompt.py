@@ -66,7 +66,7 @@ def main() -> None:
     for name, instruction in chosen.items():
         task = dataclasses.replace(gh.TASKS["gsm8k"], instruction=instruction)
         problems = f"{args.split}[{args.start}:{args.start + args.problems}]"
-        data = gh.GSM8KDataset(problems, tokenizer, dataset_path=args.dataset, prompt_style="chat", task=task)
+        data = gh.TaskDataset(problems, tokenizer, 512, dataset_path=args.dataset, prompt_style="chat", task=task)
         t0 = time.perf_counter()
         _, records = gh.evaluate(model, tokenizer, data, cfg, torch.device("cpu"), desc=f"greedy {name}")
         n = len(records)
@@ -80,8 +80,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(results, indent=1))
     for name, instruction in chosen.items() if args.groups else ():
         task = dataclasses.replace(gh.TASKS["gsm8k"], instruction=instruction)
-        data = gh.GSM8KDataset(f"train[:{args.groups}]", tokenizer, dataset_path=args.dataset,
-                               prompt_style="chat", task=task)
+        data = gh.TaskDataset(f"train[:{args.groups}]", tokenizer, 512, dataset_path=args.dataset,
+                              prompt_style="chat", task=task)
         batch = gh.collate_prompts([data[i] for i in range(len(data))], tokenizer)
         for temperature in args.temperatures:
             torch.manual_seed(0)
