@@ -221,10 +221,10 @@ def masked_mean(tensor, mask):
 
 # ----- TODO 3: the clipped policy-gradient loss -----
 def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2):
-    """PPO's clipped surrogate per completion token, -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) with ratio =
-    exp(logprobs - old_logprobs) (its log clamped to +-20, past which no gradient flows) and A its completion's
-    advantage. Masked tokens are selected out (even an inf there never reaches the loss); the rest are averaged per
-    completion, then over completions (the GRPO paper's reduction)."""
+    """PPO's clipped surrogate, averaged over a completion's tokens, then over completions (the GRPO paper's reduction).
+    Per token: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), ratio = exp(logprobs - old_logprobs), A the
+    completion's advantage. Tokens outside loss_mask are left out, even an inf there. The log-ratio is clamped to
+    +-20 so exp stays finite in fp32; past the clamp no gradient flows."""
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion

@@ -985,17 +985,21 @@ def test_a_few_empty_questions_are_dropped_like_bad_golds(capsys):
     assert len(questions) == 199 and "dropped 1 of 200 problems whose question is empty" in capsys.readouterr().err
 
 
-def test_report_draft_shows_whole_answers_escapes_markup_and_prints_whole_golds(tmp_path):
-    long = "step " * 400 + "so the answer is $<b>18</b>$ \\boxed{18}"
+def test_report_draft_shows_whole_answers_in_fences_and_prints_whole_golds(tmp_path):
+    """Markup in a question or an answer (HTML, $, |, *, a run of backticks) is shown as written inside a code
+    fence that nothing in it closes, so a viewer renders none of it; the gold and the answer read print whole."""
+    long = "step " * 400 + "so the answer is $<b>18</b>$ \\boxed{18} ```"
     record = {"question": "Janet's *ducks* cost $2 | $3?", "gold": 18.0, "tokens": 9, "truncated": False,
               "well_formed": True}
     gh.write_jsonl(tmp_path / "eval_before.jsonl", [{**record, "completion": "no idea", "extracted": None,
                                                       "correct": False}])
     gh.write_jsonl(tmp_path / "eval_after.jsonl", [{**record, "completion": long, "extracted": 18.0, "correct": True}])
     text = gh.write_report_draft(tmp_path).read_text()
-    assert "step " * 400 + "so the answer is \\$\\<b\\>18\\<\\/b\\>\\$ \\\\boxed\\{18\\} (extracted 18, right)" in text
-    assert "\\<b\\>18\\<\\/b\\>" in text and "<b>" not in text and "Janet\\'s \\*ducks\\* cost \\$2 \\| \\$3\\?" in text
-    assert "**Gold:** 18\n" in text
+    assert f"\n````text\n{long}\n````\n" in text and "\n```text\nno idea\n```\n" in text
+    assert "\n```text\nJanet's *ducks* cost $2 | $3?\n```\n" in text
+    assert "\n#### Line 1 of eval_before.jsonl and eval_after.jsonl: gold 18\n" in text
+    assert "\nBefore: 9 tokens, ended; answer read: none, wrong.\n" in text
+    assert "\nAfter: 9 tokens, ended; answer read: 18, right.\n" in text
 
 
 def test_report_on_a_run_stopped_in_its_first_evaluation_says_what_is_missing(run_copy, capsys):
