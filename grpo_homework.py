@@ -8,8 +8,8 @@ takes a PPO-style clipped step on advantages relative to its group (README.md: t
     python grpo_homework.py --resume RUN_DIR     # finish a stopped run, or train a finished one further
     python grpo_homework.py --report RUN_DIR     # redraw a run's plots and report_draft.md
 
-The homework (Configuration, Parts 1-4 with TODOs 1-5, Part 5: main) ends at the banner "WHAT SUPPORTS THE RUN"; what
-a real run adds below it reaches train_grpo through Hooks alone.
+The homework (Configuration, Parts 1-4 with TODOs 1-5, Part 5: main) ends at the banner "WHAT SUPPORTS THE RUN".
+Below it is what a real run adds; that reaches train_grpo only through Hooks.
 """
 
 import math
