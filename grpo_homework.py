@@ -116,9 +116,10 @@ class GSM8KDataset(Dataset):
 
     # ----- TODO 1: tokenize a prompt -----
     def __getitem__(self, idx):
+        """The prompt's tokens, unpadded; a prompt over max_length keeps its last max_length tokens (its answer cue)."""
         # A chat template writes any BOS token itself, so the tokenizer adds none to a chat prompt
         encoded = self.tokenizer(self.prompts[idx], add_special_tokens=self.prompt_style != "chat", return_tensors="pt")
-        tail = slice(-self.max_length, None)   # its last max_length tokens: a long prompt's start goes, its cue stays
+        tail = slice(-self.max_length, None)   # a long prompt's start goes; the end, which asks for the answer, stays
         return {"input_ids": encoded["input_ids"][0, tail], "attention_mask": encoded["attention_mask"][0, tail],
                 "prompt": self.prompts[idx], "question": self.questions[idx], "answer": self.answers[idx]}
 
@@ -1115,9 +1116,8 @@ def micro_batch_rows(rollout: Rollout, cfg: RunConfig):
     """(rows, columns, share) of each micro-batch: micro_batch_size rows cut after their last completion column, at
     their share of the batch's rows, so the gradients add up to the whole batch's. Rows whose gradient is exactly 0
     (advantage 0, no reference log-probs to stay near) are left out, their share with them."""
-    has_gradient = rollout.loss_mask.any(1).to(rollout.advantages.device) & \
-        ((rollout.advantages != 0) | (rollout.ref_logprobs is not None))        # [rows]
-    index = has_gradient.nonzero().squeeze(1)
+    index = (rollout.loss_mask.any(1).to(rollout.advantages.device) &       # the rows with a gradient
+             ((rollout.advantages != 0) | (rollout.ref_logprobs is not None))).nonzero().squeeze(1)
     for start in range(0, len(index), cfg.micro_batch_size):
         rows = index[start:start + cfg.micro_batch_size]
         used = rollout.loss_mask[rows.to(rollout.loss_mask.device)]             # [micro, seq]
