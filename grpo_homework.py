@@ -225,7 +225,9 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     """PPO's clipped surrogate, averaged over a completion's tokens, then over completions (the GRPO paper's reduction).
     Per token: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), ratio = exp(logprobs - old_logprobs), A the
     completion's advantage. Tokens outside loss_mask are left out, even an inf there. The log-ratio is clamped to
-    +-20 so exp stays finite in fp32; past the clamp no gradient flows."""
+    +-20 so exp stays finite in fp32; past the clamp no gradient flows. old_logprobs None: the samples are the
+    current policy's, so old_logprobs = logprobs, detached (ratio 1, whose gradient is that of logprobs)."""
+    old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
@@ -311,7 +313,6 @@ class Rollout:
     completion_lengths: torch.Tensor  # [rows]
     old_logprobs: torch.Tensor | None = None   # [rows, seq] the sampling policy's, saved by a run before PPO epochs
     ref_logprobs: torch.Tensor | None = None   # [rows, seq] a KL penalty's reference (a run's)
-    grad_norm: float = math.nan                # of the last update on it, before clipping
 
     @classmethod
     def of(cls, sample: dict, rewards, advantages, cfg: Config, tokenizer=None) -> "Rollout":
@@ -351,6 +352,13 @@ def step_line(r: dict) -> str:
                 "" if 0 < r["grad_norm"] < math.inf else " (no update)"))
 
 
+def prompts_and_golds(batch, device):     # a batch's prompts on the device, its gold numbers (float64: exact integers)
+    if not isinstance(batch, Mapping):          # a collate_fn that keeps the list of items
+        raise TypeError(f"train_loader gave a {type(batch).__name__}, not a batch dict (collate_prompts)")
+    return (batch["input_ids"].to(device), batch["attention_mask"].to(device),
+            torch.as_tensor(batch["answer"], dtype=torch.float64))
+
+
 class Hooks:
     """The seam between train_grpo and a run, as the plain loop; UpdateHooks and Run (below the banner) extend it."""
     generation = {}       # generate_completions' options (a run's: its batch size, a prompt's KV cache once a group)
@@ -358,12 +366,8 @@ class Hooks:
     def __init__(self):
         self.history = []
 
-    def batches(self, loader, num_epochs: int):
-        for _ in range(num_epochs):
-            for batch in loader:
-                if not isinstance(batch, Mapping):      # a collate_fn that keeps the list of items
-                    raise TypeError(f"train_loader gave a {type(batch).__name__}, not a batch dict (collate_prompts)")
-                yield batch
+    def batches(self, loader, num_epochs: int, device):     # each batch's (prompts, mask, golds); a run resumes
+        return (prompts_and_golds(batch, device) for _ in range(num_epochs) for batch in loader)
 
     def updates(self, rollout: Rollout):        # the rollouts to update on: this one, once (a run: its PPO epochs)
         return [rollout]
@@ -374,10 +378,10 @@ class Hooks:
     def penalized(self, micro: Rollout, logprobs, loss):        # a micro-batch's loss (a run adds its KL penalty)
         return loss
 
-    def record(self, rollout: Rollout):         # after an update: the step's record and printed line
+    def record(self, rollout: Rollout, grad_norm: float):    # after an update: the step's record and printed line
         self.history.append({"step": len(self.history) + 1, "reward_mean": rollout.rewards.mean().item(),
                              "completion_len_mean": rollout.completion_lengths.float().mean().item(),
-                             "truncated_frac": rollout.truncated.float().mean().item(), "grad_norm": rollout.grad_norm})
+                             "truncated_frac": rollout.truncated.float().mean().item(), "grad_norm": grad_norm})
         print(step_line(self.history[-1]))
 
 
@@ -393,6 +397,14 @@ def checked_config(cfg: Config | None, hooks: Hooks | None, num_epochs, group_si
     return cfg or Config(**given)
 
 
+def clipped_step(optimizer, max_grad_norm: float) -> float:
+    """Clip the gradient of every weight the optimizer holds to max_grad_norm, then step; the norm before clipping."""
+    norm = clip_grad_norm_([w for group in optimizer.param_groups for w in group["params"]], max_grad_norm).item()
+    if 0 < norm < math.inf:        # no step on a zero gradient (AdamW would still move the weights), NaN or inf
+        optimizer.step()
+    return norm
+
+
 # ----- TODO 5: the GRPO training loop -----
 def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, group_size=4, clip_eps=0.2,
                max_new_tokens=256, *, cfg: Config | None = None, hooks: Hooks | None = None):
@@ -400,30 +412,24 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
     group's (the advantages), (4) one optimizer step on TODO 3's loss (fresh samples: ratio 1, the clip never binds;
     no step on a zero or non-finite gradient). Returns the step records; cfg: Config with the arguments above."""
     cfg, hooks = checked_config(cfg, hooks, num_epochs, group_size, clip_eps, max_new_tokens), hooks or Hooks()
-    for batch in hooks.batches(train_loader, cfg.num_epochs):        # a run: from where it stopped, to its last step
+    for input_ids, attention_mask, answers in hooks.batches(train_loader, num_epochs, device):
         # 1. Sample group_size completions of each prompt from the current policy
-        sample = generate_completions(model, tokenizer, batch["input_ids"].to(device), batch["attention_mask"].to(
-            device), cfg.max_new_tokens, cfg.temperature, cfg.group_size, **hooks.generation)
-        # 2. Reward each completion: 1 if the number after its last answer marker is its problem's gold answer
-        rewards = compute_reward(sample["completions"], [answer for answer in batch["answer"]
-                                                         for _ in range(cfg.group_size)], **cfg.reward_options)
+        sample = generate_completions(model, tokenizer, input_ids, attention_mask, max_new_tokens, cfg.temperature,
+                                      group_size, **hooks.generation)
+        # 2. Reward: 1 if the number after a completion's last answer marker is its problem's gold (repeated G times)
+        rewards = compute_reward(sample["completions"], answers.repeat_interleave(group_size), **cfg.reward_options)
         # 3. Advantages: each reward against its group's mean (and std)
-        advantages = compute_advantages_grpo(rewards, cfg.group_size, **cfg.advantage_options)
+        advantages = compute_advantages_grpo(rewards, group_size, **cfg.advantage_options)
         # 4. The update: log-probs, clipped loss and backward pass (in a run micro-batch by micro-batch), one step
         for rollout in hooks.updates(Rollout.of(sample, rewards, advantages, cfg, tokenizer)):
             optimizer.zero_grad()
             for micro, share in hooks.micro_batches(rollout):        # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
-                loss = compute_policy_loss(   # old log-probs: these, detached (ratio 1), unless a run saved them
-                    logprobs, logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs,
-                    micro.advantages, micro.loss_mask, cfg.clip_eps)
+                # old log-probs None: the samples are this policy's own, so the ratio is 1 (a run's PPO saves them)
+                loss = compute_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask, clip_eps)
                 (share * hooks.penalized(micro, logprobs, loss)).backward()
-            rollout.grad_norm = clip_grad_norm_([w for group in optimizer.param_groups for w in group["params"]],
-                                                cfg.max_grad_norm).item()      # every weight the optimizer steps
-            if 0 < rollout.grad_norm < math.inf:       # a zero gradient would still move AdamW's weights; NaN: skipped
-                optimizer.step()
-            hooks.record(rollout)                      # the step's record and its printed line
+            hooks.record(rollout, grad_norm=clipped_step(optimizer, cfg.max_grad_norm))   # the step, then its record
     return hooks.history
 
 
@@ -588,9 +594,8 @@ def validate_config(cfg: RunConfig) -> None:
     for name in ("batch_size", "micro_batch_size", "generation_batch_size", "eval_batch_size", "num_epochs",
                  "ppo_epochs", "max_new_tokens", "max_prompt_length", "learning_rate", "max_grad_norm"):
         require(getattr(cfg, name) > 0, f"{flag_name(name)} must be positive")
-    for name in ("train_size", "eval_size", "eval_start", "val_size", "lora_rank", "max_steps", "save_every",
-                 "keep_checkpoints", "plot_every", "max_draws", "show_examples", "lr_warmup_steps", "advantage_eps",
-                 "kl_coef", "format_reward", "weight_decay"):
+    for name in ("train_size eval_size eval_start val_size lora_rank max_steps save_every keep_checkpoints plot_every "
+                 "max_draws show_examples lr_warmup_steps advantage_eps kl_coef format_reward weight_decay").split():
         require(getattr(cfg, name) >= 0, f"{flag_name(name)} must not be negative")
     require(cfg.min_signal_groups >= -1, "--min-signal-groups must be a count of groups, 0 (off) or -1 (--batch-size)")
     require(cfg.generation_batch_size % cfg.group_size == 0,
@@ -951,20 +956,20 @@ def groups_with_signal(rollout: Rollout, cfg: RunConfig) -> Rollout:
 RUN_LOCK = "run.lock"
 RUN_RECORD = {"config.json", "summary.json", "metrics.jsonl", "eval_before.jsonl", "eval_after.jsonl", "eval.jsonl",
               "before_after.md", "report_draft.md", "plots", "checkpoints", "final", "earlier-ends", RUN_LOCK}
+TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")      # checkpoints/step-N/'s own, beside the model
 
 
 def is_run_dir(path: Path) -> bool:
     """A folder this script made for a run: its config.json is a run record, not (say) a model's config."""
-    saved = None
-    with contextlib.suppress(OSError, ValueError):
-        saved = json.loads(read_text(path / "config.json"))
-    return isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "argv" in saved
+    with contextlib.suppress(UserError):            # none, unreadable, or no JSON object
+        saved = read_json(path / "config.json")
+        return isinstance(saved.get("config"), dict) and "argv" in saved
+    return False
 
 
 def foreign_entries(run_dir: Path, own: set[str] = frozenset({RUN_LOCK})) -> list[str]:
     """What in RUN_DIR this script would not have written (temp files of its own writes count as its own)."""
-    return sorted(p.name for p in run_dir.iterdir() if p.name.removesuffix(".tmp") not in own) \
-        if run_dir.is_dir() else []
+    return sorted(n for n in os.listdir(run_dir) if n.removesuffix(".tmp") not in own) if run_dir.is_dir() else []
 
 
 def check_output_dir(run_dir: Path, model_path: str, resume: bool, clearable: Callable[[Path], bool]) -> None:
@@ -1169,8 +1174,7 @@ class UpdateHooks(Hooks):
             with self.ref_model.peft_model.disable_adapter() if hasattr(self.ref_model, "peft_model") else \
                     contextlib.nullcontext():
                 rollout_logprobs(self.ref_model, rollout, cfg, self.chunks, rollout.ref_logprobs)
-        if cfg.ppo_epochs > 1:
-            rollout.old_logprobs = rollout_logprobs(model, rollout, cfg, self.chunks)
+        rollout.old_logprobs = rollout_logprobs(model, rollout, cfg, self.chunks) if cfg.ppo_epochs > 1 else None
         self.covered = sum(weight for *_, weight in self.chunks) or 1.0     # the share of the loss run (0: all masked)
         self.stats = dict(loss=0.0, clipfrac=0.0, approx_kl=0.0, kl_ref=0.0, grad_norm=0.0, policy_kl=0.0,
                           entropy=None, no_signal=not self.chunks, skipped=0)
@@ -1186,16 +1190,16 @@ class UpdateHooks(Hooks):
     def micro_batches(self, rollout: Rollout):      # self.chunks' rows, micro_batch_size at a time, at their shares
         return ((rollout_rows(rollout, rows, columns), share) for rows, columns, share in self.chunks)
 
-    def record(self, rollout: Rollout):
+    def record(self, rollout: Rollout, grad_norm: float):
         """After each update its statistics; after the last, how far the policy moved and the step's record, printed."""
         cfg, model = self.cfg, self.model
         self.optimizer.zero_grad(set_to_none=True)        # the gradients' memory, back for generation
         self.updates_settled = getattr(self.optimizer, "updates_begun", 0)
-        self.stats["skipped"] += not 0 < rollout.grad_norm < math.inf     # train_grpo steps on no other
-        if not (math.isfinite(self.loss) and math.isfinite(rollout.grad_norm)):
-            warn(f"skipped an update with loss {self.loss} and grad norm {rollout.grad_norm}")
+        self.stats["skipped"] += not 0 < grad_norm < math.inf     # clipped_step steps on no other
+        if not (math.isfinite(self.loss) and math.isfinite(grad_norm)):
+            warn(f"skipped an update with loss {self.loss} and grad norm {grad_norm}")
         self.stats["loss"] += self.loss / cfg.ppo_epochs
-        self.stats["grad_norm"] += rollout.grad_norm / cfg.ppo_epochs
+        self.stats["grad_norm"] += grad_norm / cfg.ppo_epochs
         if self.epoch < cfg.ppo_epochs - 1:
             return
         self.capture.remove()     # before the measuring pass below
@@ -1258,7 +1262,7 @@ class Run(UpdateHooks):
     pool: list = field(default_factory=list)   # the step's rollouts drawn so far
     phase: str = "generation"         # what an out-of-memory error hit: generation or update
 
-    def batches(self, loader, num_epochs: int):
+    def batches(self, loader, num_epochs: int, device):
         """From where the run stands to its last step, each epoch in the order its sampler gives for (seed, epoch)."""
         for epoch in range(self.start["epoch"], num_epochs):
             loader.sampler.set_epoch(epoch)
@@ -1270,7 +1274,7 @@ class Run(UpdateHooks):
                     self.t0 = time.perf_counter()
                 check_ctrl_c()                        # after a Ctrl-C Python dropped
                 self.phase, self.position, self.epoch_ends = "generation", (epoch, index + 1), index + 1 == len(loader)
-                yield batch
+                yield prompts_and_golds(batch, device)
 
     def updates(self, rollout: Rollout):
         """The step's rollouts pooled until --min-signal-groups groups' rewards differ (DAPO's dynamic sampling; at
@@ -1376,8 +1380,7 @@ def open_record(run: Run, checkpoint: Path | None, resume: bool) -> Run:
     """Continue from `checkpoint` when there is one, trim metrics.jsonl to it, and record the run's config."""
     cfg, run_dir = run.cfg, run.run_dir
     earlier = read_json(run_dir / "config.json") if resume else {}       # the command that started it stays first
-    inputs = checked_inputs(run, earlier.get("inputs", {}),
-                            reads_model=not checkpoint or cfg.kl_coef > 0 or cfg.lora_rank > 0)
+    inputs = checked_inputs(run, earlier.get("inputs", {}), reads_model=not checkpoint or cfg.kl_coef or cfg.lora_rank)
     run.summary = read_json(run_dir / "summary.json") if resume and (run_dir / "summary.json").exists() else {}
     before, files = run.summary.get("before"), ("summary.json", "eval_before.jsonl")   # null, {}, "31%": lost too
     lost = [name for name in files if not (run_dir / name).exists()] + ([] if isinstance(before, dict) and type(
@@ -1658,9 +1661,6 @@ def from_plain(obj, tensors: dict[str, torch.Tensor]):
         return tensors[obj["tensor"]] if "tensor" in obj else \
             {from_plain(k, tensors): from_plain(v, tensors) for k, v in obj["items"]}
     return [from_plain(v, tensors) for v in obj] if isinstance(obj, list) else obj
-
-
-TRAINER_STATE = ("trainer_state.json", "trainer_state.safetensors")
 
 
 def rng_state(optimizer) -> dict:
@@ -2218,8 +2218,7 @@ def write_hub_dataset(folder: str | Path, splits: dict[str, list[dict]]) -> Path
 
 def word_problems(n: int, rng: random.Random, exclude: set[str] = frozenset()) -> list[dict]:
     """Distinct one-step word problems (a + b) with GSM8K-style answers."""
-    names = ["Ana", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kai"]
-    items = ["apples", "books", "coins", "pens", "cards", "shells"]
+    names, items = "Ana Ben Cy Dee Eli Fay Gus Ivy Jo Kai".split(), "apples books coins pens cards shells".split()
     problems, seen = [], set(exclude)
     while len(problems) < n:
         a, b, name, item = rng.randint(0, 9), rng.randint(0, 19), rng.choice(names), rng.choice(items)

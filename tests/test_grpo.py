@@ -103,6 +103,16 @@ def test_policy_loss_hand_computed():
     assert stats["clipfrac"] == pytest.approx(4 / 5)
 
 
+def test_policy_loss_without_old_log_probs_is_ratio_1_with_the_log_probs_gradient():
+    """old_logprobs None (fresh samples: train_grpo's plain loop): per token -A (ratio 1), and d loss / d logprobs[b, t]
+    = -A_b / (b's masked tokens) / rows, by hand."""
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -4.0]], requires_grad=True)
+    loss = gh.compute_policy_loss(logprobs, None, torch.tensor([2.0, -1.0]), torch.tensor([[0, 1, 1], [0, 1, 0]]))
+    assert loss.item() == pytest.approx((-2.0 + 1.0) / 2)            # rows' means -2 and +1
+    loss.backward()
+    assert logprobs.grad.tolist() == [[0.0, -0.5, -0.5], [0.0, 0.5, 0.0]]
+
+
 def test_dr_grpos_reduction_is_todo_3_on_advantages_scaled_by_length_over_the_limit():
     """--loss-agg drgrpo: Dr. GRPO's loss, the five tokens' sum over (3 tokens x 2 completions), is TODO 3's mean per
     completion with each advantage x its completion's length / 3: the run scales them so (UpdateHooks.updates)."""
