@@ -225,9 +225,7 @@ def compute_policy_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=
     """PPO's clipped surrogate, averaged over a completion's tokens, then over completions (the GRPO paper's reduction).
     Per token: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A), ratio = exp(logprobs - old_logprobs), A the
     completion's advantage. Tokens outside loss_mask are left out, even an inf there. The log-ratio is clamped to
-    +-20 so exp stays finite in fp32; past the clamp no gradient flows. old_logprobs None: the samples are the
-    current policy's, so old_logprobs = logprobs, detached (ratio 1, whose gradient is that of logprobs)."""
-    old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
+    +-20 so exp stays finite in fp32; past the clamp no gradient flows."""
     logratio = torch.where(loss_mask.bool(), logprobs - old_logprobs, 0.0)    # [batch, seq]
     ratio = torch.exp(logratio.clamp(-20.0, 20.0))                            # exp(20) ~ 5e8 keeps fp32 finite
     adv = torch.as_tensor(advantages).to(ratio).reshape(-1, 1)                # [batch, 1]: one per completion
@@ -313,6 +311,9 @@ class Rollout:
     completion_lengths: torch.Tensor  # [rows]
     old_logprobs: torch.Tensor | None = None   # [rows, seq] the sampling policy's, saved by a run before PPO epochs
     ref_logprobs: torch.Tensor | None = None   # [rows, seq] a KL penalty's reference (a run's)
+
+    def old(self, logprobs):      # PPO's old log-probs: old_logprobs if saved, else these detached (fresh samples)
+        return logprobs.detach() if self.old_logprobs is None else self.old_logprobs
 
     @classmethod
     def of(cls, sample: dict, rewards, advantages, cfg: Config, tokenizer=None) -> "Rollout":
@@ -426,8 +427,8 @@ def train_grpo(model, tokenizer, train_loader, optimizer, device, num_epochs=1, 
             for micro, share in hooks.micro_batches(rollout):        # the shares' gradients add up to the batch's
                 logprobs = compute_logprobs_from_model(model, micro.output_ids, micro.attention_mask,
                                                        temperature=cfg.temperature, prompt_length=micro.prompt_length)
-                # old log-probs None: the samples are this policy's own, so the ratio is 1 (a run's PPO saves them)
-                loss = compute_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask, clip_eps)
+                # old log-probs: these, detached (fresh samples: ratio 1), unless a run saved them for its PPO epochs
+                loss = compute_policy_loss(logprobs, micro.old(logprobs), micro.advantages, micro.loss_mask, clip_eps)
                 (share * hooks.penalized(micro, logprobs, loss)).backward()
             hooks.record(rollout, grad_norm=clipped_step(optimizer, cfg.max_grad_norm))   # the step, then its record
     return hooks.history
@@ -1222,8 +1223,7 @@ class UpdateHooks(Hooks):
         """The micro-batch's loss plus kl_coef x its k3 KL to the reference (reduced as the loss); its statistics."""
         cfg, mask, weight = self.cfg, micro.loss_mask, self.chunks[self.index][2]
         with torch.no_grad():
-            old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
-            for key, value in clip_stats(logprobs, old, mask, cfg.clip_eps).items():
+            for key, value in clip_stats(logprobs, micro.old(logprobs), mask, cfg.clip_eps).items():
                 self.stats[key] += weight / self.covered * value / cfg.ppo_epochs
             if self.epoch == 0:                # the entropy of the policy sampled from, at the completion's tokens
                 start = min(max(1, micro.prompt_length), logprobs.shape[1])

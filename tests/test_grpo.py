@@ -103,14 +103,20 @@ def test_policy_loss_hand_computed():
     assert stats["clipfrac"] == pytest.approx(4 / 5)
 
 
-def test_policy_loss_without_old_log_probs_is_ratio_1_with_the_log_probs_gradient():
-    """old_logprobs None (fresh samples: train_grpo's plain loop): per token -A (ratio 1), and d loss / d logprobs[b, t]
-    = -A_b / (b's masked tokens) / rows, by hand."""
+def test_fresh_samples_old_log_probs_are_the_log_probs_detached_ratio_1_with_their_gradient():
+    """Rollout.old, what train_grpo passes TODO 3 as old_logprobs (a tensor, as the template's TODO 3 takes): a run's
+    saved log-probs, else these detached, so per token -A (ratio 1) and d loss / d logprobs[b, t] = -A_b / (b's masked
+    tokens) / rows, by hand."""
     logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -4.0]], requires_grad=True)
-    loss = gh.compute_policy_loss(logprobs, None, torch.tensor([2.0, -1.0]), torch.tensor([[0, 1, 1], [0, 1, 0]]))
+    rollout = gh.Rollout(*[None] * 9)
+    old = rollout.old(logprobs)
+    assert torch.equal(old, logprobs) and not old.requires_grad
+    loss = gh.compute_policy_loss(logprobs, old, torch.tensor([2.0, -1.0]), torch.tensor([[0, 1, 1], [0, 1, 0]]))
     assert loss.item() == pytest.approx((-2.0 + 1.0) / 2)            # rows' means -2 and +1
     loss.backward()
     assert logprobs.grad.tolist() == [[0.0, -0.5, -0.5], [0.0, 0.5, 0.0]]
+    rollout.old_logprobs = torch.zeros(2, 3)                         # saved before a run's PPO epochs: those
+    assert rollout.old(logprobs) is rollout.old_logprobs
 
 
 def test_dr_grpos_reduction_is_todo_3_on_advantages_scaled_by_length_over_the_limit():

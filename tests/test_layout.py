@@ -299,6 +299,7 @@ def test_a_three_key_sampler_and_a_two_argument_reward_drive_train_grpo(model_an
     monkeypatch.setattr(gh, "compute_reward", spread_reward)
 
     def template_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps=0.2):     # no keyword more
+        assert torch.is_tensor(old_logprobs) and old_logprobs.shape == logprobs.shape    # 5120ac8 passed None
         return real_loss(logprobs, old_logprobs, advantages, loss_mask, clip_eps)
     monkeypatch.setattr(gh, "compute_policy_loss", template_loss)
     monkeypatch.setattr(gh, "compute_advantages_grpo", lambda rewards, group_size=4: real_advantages(rewards, group_size))
